@@ -1,0 +1,50 @@
+# Two commands for a newcomer: `make run` (the whole stack) and `make test` (lint + suite).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+ENV_FILE := .run/services.env
+
+export DJANGO_DEBUG ?= 1
+
+.PHONY: run test lint pytest install services migrate clean
+
+$(STAMP): requirements.txt requirements-dev.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -r requirements-dev.txt
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# Finds PostgreSQL and RabbitMQ (DATABASE_URL / CELERY_BROKER_URL, else localhost), starts
+# or installs them when missing, and writes the URLs to use into $(ENV_FILE).
+services: install
+	$(BIN)/python scripts/ensure_services.py --env-file $(ENV_FILE)
+
+migrate: services
+	set -a && source $(ENV_FILE) && set +a && \
+	$(BIN)/python manage.py migrate --noinput && \
+	$(BIN)/python manage.py partitions && \
+	$(BIN)/python manage.py collectstatic --noinput --verbosity 0
+
+run: migrate
+	set -a && source $(ENV_FILE) && set +a && \
+	$(BIN)/python manage.py demo_setup && \
+	exec $(BIN)/honcho start -f Procfile
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy .
+	$(BIN)/python manage.py makemigrations --check --dry-run
+	$(BIN)/python manage.py check --fail-level WARNING
+
+pytest: services
+	set -a && source $(ENV_FILE) && set +a && $(BIN)/pytest
+
+test: lint pytest
+
+clean:
+	rm -rf $(VENV) .run staticfiles .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,115 @@
+"""Renewable shard leases with a fencing generation (SPEC §5).
+
+Each materializer (and relay) process holds a fair share of the N logical shards:
+1. `LeaseSet.refresh` renews the leases it holds (conditional on owner and generation; a
+   lease someone else took over is dropped), counts live owners, releases shards above its
+   fair share and takes expired or free ones up to it (`FOR UPDATE SKIP LOCKED`, generation+1).
+2. Work is fenced: `fenced_shards` runs inside the caller's write transaction and locks the
+   lease rows `FOR SHARE` while checking (owner, generation, expiry). A takeover must update
+   those rows, so it waits for the in-flight batch to commit, and every later batch of the
+   stale process finds nothing to work on. Expiry is judged by the database clock only.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from django.db import connection, transaction
+
+
+@dataclass
+class LeaseSet:
+    role: str
+    owner: str
+    shards_total: int
+    ttl_s: int
+    held: dict[int, int] = field(default_factory=dict)  # shard -> generation
+
+    def refresh(self) -> dict[int, int]:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(
+                """
+                INSERT INTO occurrences_shardlease (role, shard, owner, generation)
+                SELECT %s, g, '', 0 FROM generate_series(0, %s - 1) AS g
+                ON CONFLICT (role, shard) DO NOTHING
+                """,
+                [self.role, self.shards_total],
+            )
+            cursor.execute(
+                """
+                UPDATE occurrences_shardlease l
+                SET lease_expires_at = now() + make_interval(secs => %s)
+                FROM unnest(%s::int[], %s::bigint[]) AS h(shard, generation)
+                WHERE l.role = %s AND l.shard = h.shard AND l.generation = h.generation
+                  AND l.owner = %s AND l.lease_expires_at > now()
+                RETURNING l.shard, l.generation
+                """,
+                [self.ttl_s, list(self.held), list(self.held.values()), self.role, self.owner],
+            )
+            held = {shard: generation for shard, generation in cursor.fetchall()}
+            cursor.execute(
+                "SELECT count(DISTINCT owner) FROM occurrences_shardlease "
+                "WHERE role = %s AND owner <> %s AND owner <> '' AND lease_expires_at > now()",
+                [self.role, self.owner],
+            )
+            row = cursor.fetchone()
+            others = int(row[0]) if row else 0
+            fair_share = math.ceil(self.shards_total / (others + 1))
+            if len(held) > fair_share:
+                extra = sorted(held)[fair_share:]
+                cursor.execute(
+                    "UPDATE occurrences_shardlease SET owner = '', lease_expires_at = NULL "
+                    "WHERE role = %s AND owner = %s AND shard = ANY(%s)",
+                    [self.role, self.owner, extra],
+                )
+                for shard in extra:
+                    held.pop(shard)
+            elif len(held) < fair_share:
+                cursor.execute(
+                    """
+                    UPDATE occurrences_shardlease l
+                    SET owner = %s, generation = l.generation + 1,
+                        lease_expires_at = now() + make_interval(secs => %s)
+                    FROM (
+                        SELECT id FROM occurrences_shardlease
+                        WHERE role = %s AND (lease_expires_at IS NULL OR lease_expires_at <= now())
+                        ORDER BY shard
+                        LIMIT %s
+                        FOR UPDATE SKIP LOCKED
+                    ) AS free
+                    WHERE l.id = free.id
+                    RETURNING l.shard, l.generation
+                    """,
+                    [self.owner, self.ttl_s, self.role, fair_share - len(held)],
+                )
+                held.update({shard: generation for shard, generation in cursor.fetchall()})
+        self.held = held
+        return held
+
+    def release(self) -> None:
+        """Give the shards back at shutdown so others need not wait for expiry."""
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "UPDATE occurrences_shardlease SET owner = '', lease_expires_at = NULL "
+                "WHERE role = %s AND owner = %s",
+                [self.role, self.owner],
+            )
+        self.held = {}
+
+    def fenced_shards(self) -> list[int]:
+        """Shards still held, locked FOR SHARE until the caller's transaction ends."""
+        if not self.held:
+            return []
+        with connection.cursor() as cursor:
+            cursor.execute(
+                """
+                SELECT l.shard FROM occurrences_shardlease l
+                JOIN unnest(%s::int[], %s::bigint[]) AS h(shard, generation)
+                  ON l.shard = h.shard AND l.generation = h.generation
+                WHERE l.role = %s AND l.owner = %s AND l.lease_expires_at > now()
+                FOR SHARE OF l
+                """,
+                [list(self.held), list(self.held.values()), self.role, self.owner],
+            )
+            return sorted(row[0] for row in cursor.fetchall())

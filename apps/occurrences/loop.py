@@ -1,0 +1,67 @@
+"""The shared shape of Tick's long-running commands: a SIGTERM-aware loop that refreshes
+shard leases and calls one unit of work (materializer.py / relay.py) until told to stop."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import time
+from collections.abc import Callable
+from types import FrameType
+
+from django.db import close_old_connections
+
+from apps.occurrences.leases import LeaseSet
+
+log = logging.getLogger(__name__)
+
+
+class StopFlag:
+    def __init__(self) -> None:
+        self.stopping = False
+        signal.signal(signal.SIGTERM, self._stop)
+        signal.signal(signal.SIGINT, self._stop)
+
+    def _stop(self, signum: int, frame: FrameType | None) -> None:
+        self.stopping = True
+
+
+def process_owner(role: str) -> str:
+    return f"{role}@{socket.gethostname()}:{os.getpid()}"
+
+
+def run_leased_loop(
+    *,
+    leases: LeaseSet,
+    unit: Callable[[], int],
+    idle_sleep_s: float,
+    once: bool = False,
+) -> None:
+    """Refresh leases every ttl/3, run `unit` (returns how much it did), sleep when idle."""
+    stop = StopFlag()
+    renew_every = max(leases.ttl_s / 3, 1.0)
+    next_renew = 0.0
+    try:
+        while not stop.stopping:
+            if time.monotonic() >= next_renew:
+                held = leases.refresh()
+                next_renew = time.monotonic() + renew_every
+                log.debug("%s holds %d shards", leases.owner, len(held))
+            try:
+                done = unit()
+            except Exception:
+                log.exception("%s: unit of work failed; retrying", leases.owner)
+                close_old_connections()
+                done = 0
+                time.sleep(idle_sleep_s)
+            if once:
+                break
+            if done == 0:
+                time.sleep(idle_sleep_s)
+    finally:
+        try:
+            leases.release()
+        except Exception:  # noqa: BLE001 - best effort at shutdown; leases expire anyway
+            log.warning("could not release leases of %s", leases.owner)

@@ -1,0 +1,63 @@
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandParser
+
+from apps.occurrences.broker import Publisher
+from apps.occurrences.leases import LeaseSet
+from apps.occurrences.loop import process_owner, run_leased_loop
+from apps.occurrences.models import ShardLease
+from apps.occurrences.relay import RelayConfig, relay_step
+from tickweb.celery import app as celery_app
+
+log = logging.getLogger("tick.relay")
+
+
+class Command(BaseCommand):
+    help = "Publish due outbox rows of the shards this process leases to RabbitMQ."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--once", action="store_true", help="one step, then exit")
+        parser.add_argument("--idle-sleep", type=float, default=0.1)
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        leases = LeaseSet(
+            role=ShardLease.Role.RELAY,
+            owner=process_owner("relay"),
+            shards_total=settings.TICK_SHARDS,
+            ttl_s=settings.TICK_LEASE_TTL_S,
+        )
+        config = RelayConfig(
+            lookahead_ms=settings.TICK_RELAY_LOOKAHEAD_MS,
+            batch_size=settings.TICK_RELAY_BATCH,
+            prefix=settings.TICK_QUEUE_PREFIX,
+            partitions=settings.TICK_TENANT_PARTITIONS,
+        )
+        publisher = Publisher(
+            settings.CELERY_BROKER_URL,
+            prefix=settings.TICK_QUEUE_PREFIX,
+            partitions=settings.TICK_TENANT_PARTITIONS,
+            celery_app=celery_app,
+        )
+        publisher.connect()
+
+        def unit() -> int:
+            result = relay_step(leases=leases, publisher=publisher, config=config)
+            if result.claimed:
+                worst = max(result.lags, default=0.0)
+                log.info(
+                    "relayed %d of %d (failed %d), max lag %.3fs",
+                    result.published, result.claimed, result.failed, worst,
+                )  # fmt: skip
+            return result.claimed
+
+        log.info("relay %s starting", leases.owner)
+        try:
+            run_leased_loop(
+                leases=leases, unit=unit, idle_sleep_s=options["idle_sleep"], once=options["once"]
+            )
+        finally:
+            publisher.close()

@@ -1,0 +1,362 @@
+"""Materialization: turn due schedule instants into occurrences and outbox rows (SPEC §5).
+
+One batch, one transaction (`materialize_batch`):
+1. Fence: lock this process's shard leases FOR SHARE and keep only those still held.
+2. Claim up to `batch_size` ACTIVE schedules of those shards with `next_run_at` inside the
+   planning window, `FOR UPDATE SKIP LOCKED` through `schedule_due_idx`.
+3. Compute each schedule's instants in [next_run_at, horizon] with timerules (memoised per
+   rule), apply the misfire policy to instants older than now - max_lateness.
+4. One statement inserts the occurrences (`ON CONFLICT DO NOTHING` on the unique instant)
+   and, for those actually inserted and due to fire, their outbox rows.
+5. One statement advances `next_run_at` conditionally on (version, old next_run_at), so a
+   stale process can never move it backwards; schedules with nothing left are COMPLETED.
+A crash before commit rolls all of it back (the next owner redoes it from the persisted
+`next_run_at`); after commit the outbox rows exist, so publishing is the relay's duty.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, timedelta
+from typing import Any
+
+from django.db import connection, transaction
+
+from apps.occurrences import metrics
+from apps.occurrences.leases import LeaseSet
+from apps.occurrences.models import Lane, Occurrence, occurrence_id_for
+from apps.occurrences.partitions import _known_days, partitions_ensure
+from apps.schedules import timerules
+from apps.schedules.models import Schedule, ScheduleEvent
+
+ONE_MICROSECOND = timedelta(microseconds=1)
+
+
+@dataclass(frozen=True)
+class MaterializeConfig:
+    window_s: int
+    batch_size: int
+    max_fires_per_pass: int
+    missed_record_limit: int
+
+
+@dataclass
+class BatchResult:
+    schedules: int = 0
+    inserted: int = 0
+    conflicts: int = 0
+    outboxed: int = 0
+    missed: int = 0
+    completed: int = 0
+    lanes: Counter[str] = field(default_factory=Counter)
+
+
+@dataclass
+class _Row:
+    """Due schedule columns, as selected in step 2."""
+
+    id: uuid.UUID
+    tenant_id: uuid.UUID
+    kind: str
+    expression: str
+    time_zone: str
+    dst_gap: str
+    dst_fold: str
+    version: int
+    next_run_at: datetime
+    precision: str
+    flexible_window_s: int
+    misfire_policy: str
+    max_lateness_s: int
+    catchup_limit: int
+    end_at: datetime | None
+    shard: int
+
+
+@dataclass
+class _Plan:
+    """What one schedule contributes to a batch."""
+
+    fire: list[tuple[datetime, str]]  # (instant, lane)
+    missed: list[datetime]
+    missed_total: int
+    missed_exact: bool
+    next_run_at: datetime | None
+
+
+class _NeedPartitions(Exception):
+    def __init__(self, days: set[date]) -> None:
+        super().__init__(f"missing partitions for {sorted(days)}")
+        self.days = days
+
+
+def flexible_offset_s(occurrence_id: uuid.UUID, window_s: int) -> int:
+    """H(occurrence_id) mod window, with a stable hash: the same in every process, forever."""
+    if window_s <= 0:
+        return 0
+    digest = hashlib.blake2b(occurrence_id.bytes, digest_size=8).digest()
+    return int.from_bytes(digest, "big") % window_s
+
+
+def _fires(row: _Row, after: datetime, until: datetime, limit: int) -> list[datetime]:
+    """Instants of `row` in (after, until], at most `limit`, ascending."""
+    if row.end_at is not None and until > row.end_at:
+        until = row.end_at
+    if until <= after:
+        return []
+    if row.kind == Schedule.Kind.ONE_SHOT:
+        return [row.next_run_at] if after < row.next_run_at <= until else []
+    return timerules.fire_times_between(
+        row.expression,
+        row.time_zone,
+        after,
+        until,
+        dst_gap=row.dst_gap,
+        dst_fold=row.dst_fold,
+        limit=limit,
+    )
+
+
+def _latest_before(row: _Row, cutoff: datetime, keep: int) -> tuple[list[datetime], bool]:
+    """The latest `keep` instants in [next_run_at, cutoff); second value: whether the list is
+    every such instant. Widens a window back from `cutoff`, so a day-long outage of an
+    every-minute schedule costs a few evaluations, not 1,440."""
+    start = row.next_run_at - ONE_MICROSECOND
+    span = timedelta(hours=1)
+    while True:
+        after = max(start, cutoff - span)
+        found = _fires(row, after, cutoff - ONE_MICROSECOND, 100_000)
+        if len(found) >= keep or after == start:
+            return found[-keep:] if keep else [], after == start and len(found) <= keep
+        span *= 8
+
+
+def _plan(row: _Row, now: datetime, horizon: datetime, config: MaterializeConfig) -> _Plan:
+    cutoff = now - timedelta(seconds=row.max_lateness_s)
+    on_time_lane = Lane.FLEXIBLE if row.precision == Schedule.Precision.FLEXIBLE else Lane.STRICT
+    fire: list[tuple[datetime, str]] = []
+    missed: list[datetime] = []
+    missed_total, missed_exact = 0, True
+    resume_after = row.next_run_at - ONE_MICROSECOND
+    if row.next_run_at < cutoff:
+        # Misfire: instants older than now - max_lateness, found from the persisted
+        # next_run_at (never from "now"). Bookkeeping stays bounded whatever the outage.
+        fire_late = {
+            Schedule.MisfirePolicy.SKIP: 0,
+            Schedule.MisfirePolicy.FIRE_ONCE: 1,
+            Schedule.MisfirePolicy.CATCHUP: row.catchup_limit,
+        }.get(row.misfire_policy, 0)
+        keep = fire_late + config.missed_record_limit
+        late, complete = _latest_before(row, cutoff, keep)
+        fired = late[len(late) - fire_late :] if fire_late else []
+        missed = late[: len(late) - len(fired)]
+        fire.extend((instant, Lane.CATCHUP) for instant in fired)
+        if complete:
+            missed_total = len(missed)
+        else:
+            missed_total, missed_exact = len(missed) + 1, False
+        resume_after = cutoff - ONE_MICROSECOND
+    on_time = _fires(row, resume_after, horizon, config.max_fires_per_pass + 1)
+    capped = len(on_time) > config.max_fires_per_pass
+    on_time = on_time[: config.max_fires_per_pass]
+    fire.extend((instant, on_time_lane) for instant in on_time)
+    if row.kind == Schedule.Kind.ONE_SHOT:
+        next_run_at = None if (fire or missed) else row.next_run_at
+    else:
+        last = on_time[-1] if capped else max(horizon, resume_after)
+        following = _fires(row, last, last + timedelta(days=366 * 8), 1)
+        next_run_at = following[0] if following else None
+    return _Plan(fire, missed, missed_total, missed_exact, next_run_at)
+
+
+_SELECT_DUE = """
+    SELECT id, tenant_id, kind, expression, time_zone, dst_gap, dst_fold, version, next_run_at,
+           precision, flexible_window_s, misfire_policy, max_lateness_s, catchup_limit, end_at,
+           shard
+    FROM schedules_schedule
+    WHERE state = 'ACTIVE' AND next_run_at IS NOT NULL AND shard = ANY(%s)
+      AND next_run_at <= %s
+    ORDER BY next_run_at
+    LIMIT %s
+    FOR UPDATE SKIP LOCKED
+"""
+
+_INSERT_OCCURRENCES = """
+    WITH rows AS (
+        SELECT * FROM unnest(
+            %s::uuid[], %s::timestamptz[], %s::uuid[], %s::int[], %s::uuid[], %s::text[],
+            %s::text[], %s::timestamptz[], %s::smallint[]
+        ) AS r(id, scheduled_for, schedule_id, version, tenant_id, lane, state, available_at,
+               shard)
+    ),
+    ins AS (
+        INSERT INTO occurrences_occurrence
+            (id, scheduled_for, schedule_id, schedule_version, tenant_id, lane, state,
+             available_at, enqueued_at, attempt_count, created_at, finished_at)
+        SELECT id, scheduled_for, schedule_id, version, tenant_id, lane, state, available_at,
+               NULL, 0, %s, CASE WHEN state = 'MISSED' THEN %s::timestamptz END
+        FROM rows
+        ON CONFLICT DO NOTHING
+        RETURNING id, scheduled_for, state
+    ),
+    outbox AS (
+        INSERT INTO occurrences_dispatchoutbox
+            (occurrence_id, scheduled_for, schedule_id, schedule_version, tenant_id, shard,
+             lane, available_at, created_at)
+        SELECT r.id, r.scheduled_for, r.schedule_id, r.version, r.tenant_id, r.shard, r.lane,
+               r.available_at, %s
+        FROM ins JOIN rows r ON r.id = ins.id AND r.scheduled_for = ins.scheduled_for
+        WHERE ins.state = 'SCHEDULED'
+        RETURNING 1
+    )
+    SELECT (SELECT count(*) FROM ins), (SELECT count(*) FROM outbox)
+"""
+
+_ADVANCE = """
+    UPDATE schedules_schedule s
+    SET next_run_at = v.next_run_at, state = v.state, updated_at = %s
+    FROM unnest(%s::uuid[], %s::int[], %s::timestamptz[], %s::timestamptz[], %s::text[])
+        AS v(id, version, old_next_run_at, next_run_at, state)
+    WHERE s.id = v.id AND s.version = v.version AND s.next_run_at = v.old_next_run_at
+      AND s.state = 'ACTIVE'
+"""
+
+
+def materialize_batch(*, leases: LeaseSet, now: datetime, config: MaterializeConfig) -> BatchResult:
+    """Materialize one batch of due schedules (module docstring, steps 1-5).
+
+    Returns what it did; `schedules == 0` means nothing was due in the held shards.
+    """
+    try:
+        return _materialize_batch(leases=leases, now=now, config=config)
+    except _NeedPartitions as need:
+        # A late instant fell on a day without a partition: create it outside the batch's
+        # transaction (DDL must not hold locks on the hot path), then redo the batch.
+        partitions_ensure(need.days)
+        return _materialize_batch(leases=leases, now=now, config=config)
+
+
+def _materialize_batch(*, leases: LeaseSet, now: datetime, config: MaterializeConfig) -> BatchResult:
+    result = BatchResult()
+    horizon = now + timedelta(seconds=config.window_s)
+    with transaction.atomic(), connection.cursor() as cursor:
+        shards = leases.fenced_shards()
+        if not shards:
+            return result
+        cursor.execute(_SELECT_DUE, [shards, horizon, config.batch_size])
+        rows = [_Row(*values) for values in cursor.fetchall()]
+        if not rows:
+            return result
+        result.schedules = len(rows)
+
+        cols: dict[str, list[Any]] = {k: [] for k in (
+            "id", "at", "schedule", "version", "tenant", "lane", "state", "available", "shard"
+        )}  # fmt: skip
+        advance: dict[str, list[Any]] = {k: [] for k in ("id", "version", "old", "next", "state")}
+        events: list[ScheduleEvent] = []
+        for row in rows:
+            plan = _plan(row, now, horizon, config)
+            for instant, lane in plan.fire:
+                occ_id = occurrence_id_for(row.id, row.version, instant)
+                available = instant
+                if lane == Lane.FLEXIBLE:
+                    available += timedelta(seconds=flexible_offset_s(occ_id, row.flexible_window_s))
+                _append(cols, occ_id, instant, row, lane, Occurrence.State.SCHEDULED, available)
+                result.lanes[lane] += 1
+            for instant in plan.missed:
+                occ_id = occurrence_id_for(row.id, row.version, instant)
+                _append(cols, occ_id, instant, row, Lane.CATCHUP, Occurrence.State.MISSED, instant)
+            state = Schedule.State.ACTIVE if plan.next_run_at else Schedule.State.COMPLETED
+            advance["id"].append(row.id)
+            advance["version"].append(row.version)
+            advance["old"].append(row.next_run_at)
+            advance["next"].append(plan.next_run_at)
+            advance["state"].append(state)
+            if plan.missed_total:
+                result.missed += plan.missed_total
+                events.append(_event(row, ScheduleEvent.Kind.MISSED, now, {
+                    "policy": row.misfire_policy,
+                    "recorded": [m.isoformat() for m in plan.missed],
+                    "missed_count": plan.missed_total,
+                    "count_exact": plan.missed_exact,
+                    "first_pending": row.next_run_at.isoformat(),
+                }))  # fmt: skip
+            if state == Schedule.State.COMPLETED:
+                result.completed += 1
+                events.append(_event(row, ScheduleEvent.Kind.COMPLETED, now, {}))
+
+        missing = {d for d in (at.astimezone(UTC).date() for at in cols["at"])} - _known_days
+        if missing:
+            raise _NeedPartitions(missing)
+        if cols["id"]:
+            cursor.execute(_INSERT_OCCURRENCES, [
+                cols["id"], cols["at"], cols["schedule"], cols["version"], cols["tenant"],
+                cols["lane"], cols["state"], cols["available"], cols["shard"], now, now, now,
+            ])  # fmt: skip
+            counts = cursor.fetchone()
+            assert counts is not None
+            result.inserted, result.outboxed = int(counts[0]), int(counts[1])
+            result.conflicts = len(cols["id"]) - result.inserted
+        cursor.execute(_ADVANCE, [
+            now, advance["id"], advance["version"], advance["old"], advance["next"],
+            advance["state"],
+        ])  # fmt: skip
+        if events:
+            ScheduleEvent.objects.bulk_create(events)
+    for lane, count in result.lanes.items():
+        metrics.occurrences_materialized.labels(lane=lane).inc(count)
+    metrics.occurrence_conflicts.inc(result.conflicts)
+    metrics.occurrences_missed.inc(result.missed)
+    return result
+
+
+def _append(
+    cols: dict[str, list[Any]],
+    occ_id: uuid.UUID,
+    instant: datetime,
+    row: _Row,
+    lane: str,
+    state: str,
+    available: datetime,
+) -> None:
+    cols["id"].append(occ_id)
+    cols["at"].append(instant)
+    cols["schedule"].append(row.id)
+    cols["version"].append(row.version)
+    cols["tenant"].append(row.tenant_id)
+    cols["lane"].append(lane)
+    cols["state"].append(state)
+    cols["available"].append(available)
+    cols["shard"].append(row.shard)
+
+
+def _event(row: _Row, kind: str, now: datetime, detail: dict[str, Any]) -> ScheduleEvent:
+    return ScheduleEvent(
+        schedule_id=row.id,
+        tenant_id=row.tenant_id,
+        kind=kind,
+        version=row.version,
+        actor="materializer",
+        at=now,
+        detail=detail,
+    )
+
+
+def materialize_pass(*, leases: LeaseSet, now: datetime, config: MaterializeConfig) -> BatchResult:
+    """Run batches until the held shards have nothing due inside the planning window."""
+    partitions_ensure({now.date(), (now + timedelta(seconds=config.window_s)).date()})
+    total = BatchResult()
+    while True:
+        batch = materialize_batch(leases=leases, now=now, config=config)
+        total.schedules += batch.schedules
+        total.inserted += batch.inserted
+        total.conflicts += batch.conflicts
+        total.outboxed += batch.outboxed
+        total.missed += batch.missed
+        total.completed += batch.completed
+        total.lanes.update(batch.lanes)
+        if batch.schedules < config.batch_size:
+            return total

@@ -1,0 +1,37 @@
+"""Prometheus metrics of the delivery path (SPEC §9). Processes export them on /metrics
+(web) or their own port (commands started with --metrics-port)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+LAG_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 30, 60, 300, 900, 3600)
+
+schedule_lag_seconds = Histogram(
+    "tick_schedule_lag_seconds",
+    "enqueued_at - scheduled_for (strict) or - available_at (flexible), at broker confirm",
+    ["lane"],
+    buckets=LAG_BUCKETS,
+)
+occurrences_materialized = Counter(
+    "tick_occurrences_materialized_total", "Occurrences inserted by the materializer", ["lane"]
+)
+occurrence_conflicts = Counter(
+    "tick_occurrence_unique_conflicts_total",
+    "Occurrences the materializer found already present (ON CONFLICT DO NOTHING)",
+)
+occurrences_missed = Counter("tick_occurrences_missed_total", "Instants recorded or summarised MISSED")
+published = Counter("tick_published_total", "Messages confirmed by the broker", ["lane"])
+publish_failures = Counter(
+    "tick_publish_failures_total", "Publishes nacked, returned unroutable or unconfirmed"
+)
+outbox_backlog = Gauge("tick_outbox_backlog", "Outbox rows seen due by the last relay pass")
+duplicate_claims = Counter(
+    "tick_duplicate_claims_total", "Deliveries dropped because the occurrence was already claimed"
+)
+stale_completions = Counter(
+    "tick_stale_completions_total", "Completions ignored because the lease token no longer matched"
+)
+attempts_finished = Counter("tick_attempts_finished_total", "Attempts finished", ["outcome"])
+retries_scheduled = Counter("tick_retries_total", "Retries scheduled through the outbox")
+dead_occurrences = Counter("tick_dead_total", "Occurrences that went DEAD (the DLQ)")

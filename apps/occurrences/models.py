@@ -1,0 +1,180 @@
+"""Occurrences, attempts, the dispatch outbox and shard leases (SPEC §2, §5, §6).
+
+`Occurrence` and `Attempt` are PostgreSQL tables range-partitioned by day on `scheduled_for`
+(created by RunSQL in migration 0001; partitions by `manage.py partitions`). Every unique key
+includes `scheduled_for`, as PostgreSQL requires of partitioned tables.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+
+from django.db import models
+
+# Namespace of occurrence ids; changing it would change every id, so it is a constant.
+OCCURRENCE_NAMESPACE = uuid.UUID("6f1c3a52-7d0e-5b8e-9a41-2c7f0e9d4b10")
+
+
+def occurrence_id_for(schedule_id: uuid.UUID, version: int, scheduled_for: datetime) -> uuid.UUID:
+    """Deterministic id: UUIDv5 over (schedule id, version, scheduled_for in UTC).
+
+    The same instant of the same version always gets the same id, so a re-materialization or a
+    republish after a crash is recognisable as a duplicate downstream.
+    """
+    if scheduled_for.tzinfo is None:
+        raise ValueError("scheduled_for must be timezone-aware")
+    instant = scheduled_for.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return uuid.uuid5(OCCURRENCE_NAMESPACE, f"{schedule_id}:{version}:{instant}")
+
+
+class Lane(models.TextChoices):
+    STRICT = "strict", "Strict"
+    FLEXIBLE = "flexible", "Flexible"
+    CATCHUP = "catchup", "Catch-up"
+    RETRY = "retry", "Retry"
+
+
+class Occurrence(models.Model):
+    class State(models.TextChoices):
+        SCHEDULED = "SCHEDULED", "Scheduled"
+        ENQUEUED = "ENQUEUED", "Enqueued"
+        RUNNING = "RUNNING", "Running"
+        RETRY_WAIT = "RETRY_WAIT", "Waiting to retry"
+        SUCCEEDED = "SUCCEEDED", "Succeeded"
+        DEAD = "DEAD", "Dead"
+        MISSED = "MISSED", "Missed"
+        CANCELED = "CANCELED", "Canceled"
+        SUPERSEDED = "SUPERSEDED", "Superseded"
+        SKIPPED_OVERLAP = "SKIPPED_OVERLAP", "Skipped (overlap)"
+
+    pk = models.CompositePrimaryKey("id", "scheduled_for")
+    id = models.UUIDField()
+    scheduled_for = models.DateTimeField()
+    schedule = models.ForeignKey(
+        "schedules.Schedule", on_delete=models.PROTECT, related_name="occurrences"
+    )
+    schedule_version = models.PositiveIntegerField()
+    tenant = models.ForeignKey(
+        "tenants.Tenant", on_delete=models.PROTECT, db_constraint=False, related_name="+"
+    )
+    lane = models.CharField(max_length=16, choices=Lane.choices)
+    state = models.CharField(max_length=16, choices=State.choices)
+    # Flexible precision spreads runs: scheduled_for + H(id) mod window. Strict: = scheduled_for.
+    available_at = models.DateTimeField()
+    # First broker confirm of a durable publish; the SLO is measured from it.
+    enqueued_at = models.DateTimeField(null=True, blank=True)
+    attempt_count = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        managed = True
+        constraints = [
+            models.UniqueConstraint(
+                fields=["schedule", "schedule_version", "scheduled_for"],
+                name="occurrence_instant_uniq",
+            )
+        ]
+        indexes = [
+            # Tenant listings of occurrences by time (API/UI).
+            models.Index(fields=["tenant", "scheduled_for"], name="occurrence_tenant_time_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.id} @ {self.scheduled_for.isoformat()} {self.state}"
+
+
+class Attempt(models.Model):
+    """One delivery/processing try of an occurrence; partitioned like its occurrence."""
+
+    class Outcome(models.TextChoices):
+        SUCCEEDED = "SUCCEEDED", "Succeeded"
+        RETRY = "RETRY", "Failed, will retry"
+        FAILED = "FAILED", "Failed permanently"
+        LEASE_EXPIRED = "LEASE_EXPIRED", "Lease expired"
+
+    pk = models.CompositePrimaryKey("id", "scheduled_for")
+    id = models.UUIDField(default=uuid.uuid4)
+    scheduled_for = models.DateTimeField()
+    # No FK: PostgreSQL cannot reference the occurrence's composite key from Django's ORM.
+    occurrence_id = models.UUIDField()
+    tenant = models.ForeignKey(
+        "tenants.Tenant", on_delete=models.PROTECT, db_constraint=False, related_name="+"
+    )
+    attempt_no = models.PositiveIntegerField()
+    lease_token = models.UUIDField()
+    lease_expires_at = models.DateTimeField()
+    worker_id = models.CharField(max_length=200)
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+    outcome = models.CharField(max_length=16, choices=Outcome.choices, blank=True, default="")
+    error_class = models.CharField(max_length=200, blank=True, default="")
+    error_message = models.TextField(blank=True, default="")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["occurrence_id", "scheduled_for", "attempt_no"],
+                name="attempt_no_uniq",
+            )
+        ]
+
+
+class DispatchOutbox(models.Model):
+    """Occurrences waiting to be published (SPEC §6). A row leaves only after the broker
+    confirmed its publish and `enqueued_at` was recorded in the same transaction."""
+
+    id = models.BigAutoField(primary_key=True)
+    occurrence_id = models.UUIDField()
+    scheduled_for = models.DateTimeField()
+    schedule_id = models.UUIDField()
+    schedule_version = models.PositiveIntegerField()
+    tenant_id = models.UUIDField()
+    shard = models.PositiveSmallIntegerField()
+    lane = models.CharField(max_length=16, choices=Lane.choices)
+    available_at = models.DateTimeField()
+    created_at = models.DateTimeField()
+
+    class Meta:
+        indexes = [
+            # The relay's claim (`manage.py relay`): due rows of its shards, oldest first.
+            models.Index(fields=["shard", "available_at"], name="outbox_due_idx"),
+        ]
+
+
+class ShardLease(models.Model):
+    """A renewable lease on one logical shard for one role (materializer or relay).
+
+    `generation` rises at every change of owner: work is fenced by locking this row and
+    checking (owner, generation) in the same transaction as the writes it guards.
+    """
+
+    class Role(models.TextChoices):
+        MATERIALIZER = "materializer", "Materializer"
+        RELAY = "relay", "Relay"
+
+    role = models.CharField(max_length=16, choices=Role.choices)
+    shard = models.PositiveSmallIntegerField()
+    owner = models.CharField(max_length=200, blank=True, default="")
+    generation = models.BigIntegerField(default=0)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["role", "shard"], name="shard_lease_role_shard_uniq")
+        ]
+
+
+class HandlerEffect(models.Model):
+    """The side effect of the built-in `record` handler: one row per occurrence, however many
+    times it is delivered (`deliveries` counts how often the handler ran for it)."""
+
+    occurrence_id = models.UUIDField(primary_key=True)
+    tenant_id = models.UUIDField()
+    schedule_id = models.UUIDField()
+    scheduled_for = models.DateTimeField()
+    attempt_no = models.PositiveIntegerField()
+    payload = models.JSONField(default=dict)
+    first_run_at = models.DateTimeField()
+    deliveries = models.PositiveIntegerField(default=1)

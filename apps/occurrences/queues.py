@@ -1,0 +1,44 @@
+"""RabbitMQ topology: lanes x tenant partitions, as durable quorum queues.
+
+Pure (no Django import) so settings.py can build Celery's queue list from it and the relay
+can declare the same topology before publishing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from typing import Final
+
+from kombu import Exchange, Queue
+
+LANES: Final = ("strict", "flexible", "catchup", "retry")
+QUEUE_ARGUMENTS: Final = {"x-queue-type": "quorum"}
+TASK_NAME: Final = "tick.run_occurrence"
+
+
+def exchange_name(prefix: str) -> str:
+    return prefix
+
+
+def tenant_partition(tenant_id: uuid.UUID, partitions: int) -> int:
+    """Stable H(tenant) mod P: the same in every process (never Python's salted hash())."""
+    digest = hashlib.blake2b(tenant_id.bytes, digest_size=8).digest()
+    return int.from_bytes(digest, "big") % partitions
+
+
+def queue_name(prefix: str, lane: str, partition: int) -> str:
+    return f"{prefix}.{lane}.p{partition}"
+
+
+def all_queue_names(prefix: str, partitions: int) -> list[str]:
+    return [queue_name(prefix, lane, p) for lane in LANES for p in range(partitions)]
+
+
+def celery_queues(prefix: str, partitions: int) -> list[Queue]:
+    """Queues for Celery workers; routing key = queue name on one direct exchange."""
+    exchange = Exchange(exchange_name(prefix), type="direct", durable=True)
+    return [
+        Queue(name, exchange, routing_key=name, durable=True, queue_arguments=QUEUE_ARGUMENTS)
+        for name in all_queue_names(prefix, partitions)
+    ]

@@ -1,0 +1,50 @@
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from apps.occurrences.models import Attempt, Occurrence
+from apps.occurrences.selectors import attempts_of
+
+
+class AttemptSerializer(serializers.ModelSerializer[Attempt]):
+    class Meta:
+        model = Attempt
+        fields = [
+            "attempt_no", "worker_id", "started_at", "finished_at", "lease_expires_at",
+            "outcome", "error_class", "error_message",
+        ]  # fmt: skip
+        read_only_fields = fields
+
+
+class OccurrenceSerializer(serializers.ModelSerializer[Occurrence]):
+    schedule_id = serializers.UUIDField(read_only=True)
+    lag_s = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Occurrence
+        fields = [
+            "id", "schedule_id", "schedule_version", "scheduled_for", "available_at",
+            "enqueued_at", "lag_s", "state", "lane", "attempt_count", "created_at",
+            "finished_at",
+        ]  # fmt: skip
+        read_only_fields = fields
+
+    def get_lag_s(self, obj: Occurrence) -> float | None:
+        """enqueued_at - scheduled_for (flexible: - available_at), seconds."""
+        if obj.enqueued_at is None:
+            return None
+        reference = obj.available_at if obj.lane in ("flexible", "retry") else obj.scheduled_for
+        return round((obj.enqueued_at - reference).total_seconds(), 3)
+
+
+class OccurrenceDetailSerializer(OccurrenceSerializer):
+    attempts = serializers.SerializerMethodField()
+
+    class Meta(OccurrenceSerializer.Meta):
+        fields = [*OccurrenceSerializer.Meta.fields, "attempts"]
+        read_only_fields = fields
+
+    def get_attempts(self, obj: Occurrence) -> list[dict[str, Any]]:
+        return list(AttemptSerializer(attempts_of(obj), many=True).data)

@@ -1,0 +1,193 @@
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from apps.occurrences.materializer import flexible_offset_s, materialize_pass
+from apps.occurrences.models import DispatchOutbox, Lane, Occurrence, occurrence_id_for
+from apps.occurrences.tests.helpers import leases, materialize_config
+from apps.schedules.models import Schedule, ScheduleEvent
+from apps.schedules.tests.factories import make_schedule
+
+pytestmark = pytest.mark.django_db
+
+NOW = datetime(2026, 12, 2, 12, 0, 30, tzinfo=UTC)
+
+
+def test_due_cron_schedule_gets_occurrences_and_outbox_rows_inside_the_window(tenant_a):
+    # given: an every-minute schedule due at 12:01
+    schedule = make_schedule(tenant_a, next_run_at=datetime(2026, 12, 2, 12, 1, tzinfo=UTC))
+
+    # when
+    result = materialize_pass(leases=leases(), now=NOW, config=materialize_config(window_s=120))
+
+    # then: 12:01 and 12:02 are inside now + 120 s; next_run_at moves to 12:03
+    expected = [datetime(2026, 12, 2, 12, m, tzinfo=UTC) for m in (1, 2)]
+    occurrences = Occurrence.objects.filter(schedule=schedule).order_by("scheduled_for")
+    assert [o.scheduled_for for o in occurrences] == expected
+    assert [o.id for o in occurrences] == [occurrence_id_for(schedule.id, 1, t) for t in expected]
+    assert {o.state for o in occurrences} == {Occurrence.State.SCHEDULED}
+    assert sorted(DispatchOutbox.objects.values_list("scheduled_for", flat=True)) == expected
+    schedule.refresh_from_db()
+    assert schedule.next_run_at == datetime(2026, 12, 2, 12, 3, tzinfo=UTC)
+    assert (result.inserted, result.outboxed, result.conflicts) == (2, 2, 0)
+
+
+def test_second_pass_writes_nothing_twice(tenant_a):
+    make_schedule(tenant_a, next_run_at=datetime(2026, 12, 2, 12, 1, tzinfo=UTC))
+    lease_set = leases()
+    materialize_pass(leases=lease_set, now=NOW, config=materialize_config())
+
+    again = materialize_pass(leases=lease_set, now=NOW, config=materialize_config())
+
+    assert again.schedules == 0
+    assert Occurrence.objects.count() == 2
+    assert DispatchOutbox.objects.count() == 2
+
+
+def test_rematerializing_an_instant_conflicts_instead_of_duplicating(tenant_a):
+    # A crash after commit but before next_run_at moved is impossible (one transaction); a
+    # stale copy of next_run_at (e.g. a restored row) must still not duplicate occurrences.
+    schedule = make_schedule(tenant_a, next_run_at=datetime(2026, 12, 2, 12, 1, tzinfo=UTC))
+    lease_set = leases()
+    materialize_pass(leases=lease_set, now=NOW, config=materialize_config())
+    Schedule.objects.filter(pk=schedule.pk).update(
+        next_run_at=datetime(2026, 12, 2, 12, 1, tzinfo=UTC)
+    )
+
+    result = materialize_pass(leases=lease_set, now=NOW, config=materialize_config())
+
+    assert (result.inserted, result.conflicts, result.outboxed) == (0, 2, 0)
+    assert Occurrence.objects.count() == 2
+
+
+def test_one_shot_materializes_once_and_completes(tenant_a):
+    run_at = datetime(2026, 12, 2, 12, 1, 15, tzinfo=UTC)
+    schedule = make_schedule(
+        tenant_a, kind=Schedule.Kind.ONE_SHOT, expression="", run_at=run_at, next_run_at=run_at
+    )
+
+    materialize_pass(leases=leases(), now=NOW, config=materialize_config())
+
+    schedule.refresh_from_db()
+    assert schedule.state == Schedule.State.COMPLETED
+    assert schedule.next_run_at is None
+    assert list(Occurrence.objects.values_list("scheduled_for", flat=True)) == [run_at]
+    assert ScheduleEvent.objects.filter(schedule=schedule, kind="completed").count() == 1
+
+
+def test_flexible_available_at_is_stable_and_inside_the_window(tenant_a):
+    schedule = make_schedule(
+        tenant_a,
+        precision=Schedule.Precision.FLEXIBLE,
+        flexible_window_s=300,
+        next_run_at=datetime(2026, 12, 2, 12, 1, tzinfo=UTC),
+    )
+
+    materialize_pass(leases=leases(), now=NOW, config=materialize_config())
+
+    for occ in Occurrence.objects.filter(schedule=schedule):
+        assert occ.lane == Lane.FLEXIBLE
+        offset = (occ.available_at - occ.scheduled_for).total_seconds()
+        assert offset == flexible_offset_s(occ.id, 300)
+        assert 0 <= offset < 300
+
+
+def test_day_long_outage_with_skip_records_a_bounded_number_of_missed_rows(tenant_a):
+    # given: an every-minute schedule whose next_run_at is a day old
+    schedule = make_schedule(
+        tenant_a,
+        misfire_policy=Schedule.MisfirePolicy.SKIP,
+        max_lateness_s=60,
+        next_run_at=NOW - timedelta(days=1),
+    )
+
+    # when
+    materialize_pass(leases=leases(), now=NOW, config=materialize_config(missed_record_limit=10))
+
+    # then: 10 MISSED rows (the latest), a summary event, nothing late fired, and the
+    # on-time instants (now - 60 s .. now + 120 s) materialized normally
+    missed = Occurrence.objects.filter(schedule=schedule, state=Occurrence.State.MISSED)
+    assert missed.count() == 10
+    assert max(missed.values_list("scheduled_for", flat=True)) == datetime(
+        2026, 12, 2, 11, 59, tzinfo=UTC
+    )
+    fired = Occurrence.objects.filter(schedule=schedule, state=Occurrence.State.SCHEDULED)
+    assert sorted(fired.values_list("scheduled_for", flat=True)) == [
+        datetime(2026, 12, 2, 12, m, tzinfo=UTC) for m in (0, 1, 2)
+    ]
+    event = ScheduleEvent.objects.get(schedule=schedule, kind="missed")
+    assert event.detail["missed_count"] >= 11
+    assert DispatchOutbox.objects.filter(lane=Lane.CATCHUP).count() == 0
+
+
+def test_fire_once_fires_only_the_latest_late_instant_on_the_catchup_lane(tenant_a):
+    schedule = make_schedule(
+        tenant_a,
+        misfire_policy=Schedule.MisfirePolicy.FIRE_ONCE,
+        max_lateness_s=60,
+        next_run_at=datetime(2026, 12, 2, 11, 50, tzinfo=UTC),
+    )
+
+    materialize_pass(leases=leases(), now=NOW, config=materialize_config())
+
+    catchup = Occurrence.objects.filter(schedule=schedule, lane=Lane.CATCHUP, state="SCHEDULED")
+    assert list(catchup.values_list("scheduled_for", flat=True)) == [
+        datetime(2026, 12, 2, 11, 59, tzinfo=UTC)
+    ]
+    missed = Occurrence.objects.filter(schedule=schedule, state=Occurrence.State.MISSED)
+    assert sorted(missed.values_list("scheduled_for", flat=True)) == [
+        datetime(2026, 12, 2, 11, m, tzinfo=UTC) for m in range(50, 59)
+    ]
+
+
+def test_catchup_fires_at_most_catchup_limit_latest_instants(tenant_a):
+    schedule = make_schedule(
+        tenant_a,
+        misfire_policy=Schedule.MisfirePolicy.CATCHUP,
+        catchup_limit=3,
+        max_lateness_s=60,
+        next_run_at=datetime(2026, 12, 2, 11, 30, tzinfo=UTC),
+    )
+
+    materialize_pass(leases=leases(), now=NOW, config=materialize_config(missed_record_limit=5))
+
+    catchup = Occurrence.objects.filter(schedule=schedule, lane=Lane.CATCHUP, state="SCHEDULED")
+    assert sorted(catchup.values_list("scheduled_for", flat=True)) == [
+        datetime(2026, 12, 2, 11, m, tzinfo=UTC) for m in (57, 58, 59)
+    ]
+    assert Occurrence.objects.filter(schedule=schedule, state="MISSED").count() == 5
+
+
+def test_a_process_that_lost_its_lease_writes_nothing(tenant_a):
+    make_schedule(tenant_a, next_run_at=datetime(2026, 12, 2, 12, 1, tzinfo=UTC))
+    stale = leases(owner="stale")
+    # The lease expires and another process takes every shard over (generation + 1).
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE occurrences_shardlease SET lease_expires_at = now() - interval '1s'")
+    fresh = leases(owner="fresh")
+    assert fresh.held and set(fresh.held) == set(stale.held)
+
+    result = materialize_pass(leases=stale, now=NOW, config=materialize_config())
+
+    assert result.schedules == 0
+    assert Occurrence.objects.count() == 0
+
+
+def test_batch_query_count_does_not_grow_with_schedules(tenant_a):
+    for _ in range(30):
+        make_schedule(tenant_a, next_run_at=datetime(2026, 12, 2, 12, 1, tzinfo=UTC))
+    lease_set = leases()
+    materialize_pass(leases=lease_set, now=NOW, config=materialize_config())  # partitions
+    for _ in range(30):
+        make_schedule(tenant_a, next_run_at=datetime(2026, 12, 2, 12, 1, tzinfo=UTC))
+
+    with CaptureQueriesContext(connection) as queries:
+        result = materialize_pass(leases=lease_set, now=NOW, config=materialize_config())
+
+    assert result.schedules == 30
+    # fence + select + insert + advance per batch, plus the savepoint bookkeeping
+    assert len(queries) <= 8, [q["sql"][:80] for q in queries]

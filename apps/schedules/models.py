@@ -1,0 +1,158 @@
+"""Schedules: *when* and *what*, every version kept, every change logged (SPEC §2)."""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+
+from django.db import models
+
+from apps.tenants.models import Tenant
+
+
+class Schedule(models.Model):
+    class Kind(models.TextChoices):
+        ONE_SHOT = "ONE_SHOT", "One-shot"
+        CRON = "CRON", "Cron"
+
+    class State(models.TextChoices):
+        ACTIVE = "ACTIVE", "Active"
+        PAUSED = "PAUSED", "Paused"
+        CANCELED = "CANCELED", "Canceled"
+        COMPLETED = "COMPLETED", "Completed"
+
+    class Precision(models.TextChoices):
+        STRICT = "STRICT", "Strict"
+        FLEXIBLE = "FLEXIBLE", "Flexible"
+
+    class MisfirePolicy(models.TextChoices):
+        SKIP = "SKIP", "Skip"
+        FIRE_ONCE = "FIRE_ONCE", "Fire once"
+        CATCHUP = "CATCHUP", "Catch up"
+
+    class OverlapPolicy(models.TextChoices):
+        ALLOW = "ALLOW", "Allow"
+        SKIP_IF_RUNNING = "SKIP_IF_RUNNING", "Skip if running"
+        QUEUE_ONE = "QUEUE_ONE", "Queue one"
+
+    class DstGap(models.TextChoices):
+        SKIP = "skip", "Skip"
+        SHIFT = "shift", "Shift"
+
+    class DstFold(models.TextChoices):
+        FIRST = "first", "First"
+        BOTH = "both", "Both"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="schedules")
+    name = models.CharField(max_length=200)
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    expression = models.CharField(max_length=200, blank=True, default="")
+    run_at = models.DateTimeField(null=True, blank=True)
+    # Kept as given (IANA name); wall-clock evaluation happens only in timerules.py.
+    time_zone = models.CharField(max_length=64, default="UTC")
+    dst_gap = models.CharField(max_length=8, choices=DstGap.choices, default=DstGap.SKIP)
+    dst_fold = models.CharField(max_length=8, choices=DstFold.choices, default=DstFold.FIRST)
+    start_at = models.DateTimeField(null=True, blank=True)
+    end_at = models.DateTimeField(null=True, blank=True)
+
+    precision = models.CharField(max_length=16, choices=Precision.choices, default="STRICT")
+    flexible_window_s = models.PositiveIntegerField(default=0)
+    misfire_policy = models.CharField(
+        max_length=16, choices=MisfirePolicy.choices, default=MisfirePolicy.FIRE_ONCE
+    )
+    max_lateness_s = models.PositiveIntegerField(default=60)
+    catchup_limit = models.PositiveIntegerField(default=0)
+    overlap_policy = models.CharField(
+        max_length=16, choices=OverlapPolicy.choices, default=OverlapPolicy.ALLOW
+    )
+    handler = models.CharField(max_length=100)
+    payload = models.JSONField(default=dict, blank=True)
+
+    # Server-owned: never mass-assigned from the API.
+    version = models.PositiveIntegerField(default=1)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.ACTIVE)
+    # Next instant not yet materialized (UTC); NULL when nothing remains to fire.
+    next_run_at = models.DateTimeField(null=True, blank=True)
+    shard = models.PositiveSmallIntegerField()
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        indexes = [
+            # The materializer's due scan (`manage.py materialize`): per shard, oldest first,
+            # active schedules only, so paused/canceled/completed rows cost nothing at 20M.
+            models.Index(
+                fields=["shard", "next_run_at"],
+                name="schedule_due_idx",
+                condition=models.Q(state="ACTIVE", next_run_at__isnull=False),
+            ),
+            # Tenant listings (API/UI), newest first with id as the cursor tie-breaker.
+            models.Index(fields=["tenant", "-created_at", "-id"], name="schedule_tenant_list_idx"),
+        ]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(flexible_window_s__lte=300), name="schedule_window_le_300"
+            ),
+            models.CheckConstraint(
+                condition=models.Q(end_at__isnull=True)
+                | models.Q(start_at__isnull=True)
+                | models.Q(end_at__gt=models.F("start_at")),
+                name="schedule_end_after_start",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.kind} v{self.version})"
+
+
+class ScheduleVersion(models.Model):
+    """One version of a schedule's definition and the interval it was in force.
+
+    `definition` holds the fields that decide future runs, as they were for this version; the
+    reconciliation audit recomputes expected occurrences from it.
+    """
+
+    schedule = models.ForeignKey(Schedule, on_delete=models.CASCADE, related_name="versions")
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT)
+    version = models.PositiveIntegerField()
+    definition = models.JSONField()
+    valid_from = models.DateTimeField()
+    valid_to = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["schedule", "version"], name="schedule_version_uniq")
+        ]
+        ordering = ["schedule", "version"]
+
+
+class ScheduleEvent(models.Model):
+    """Append-only audit log of lifecycle changes, with who did it."""
+
+    class Kind(models.TextChoices):
+        CREATED = "created", "Created"
+        UPDATED = "updated", "Updated"
+        PAUSED = "paused", "Paused"
+        RESUMED = "resumed", "Resumed"
+        CANCELED = "canceled", "Canceled"
+        COMPLETED = "completed", "Completed"
+        MISSED = "missed", "Missed (summary)"
+
+    schedule = models.ForeignKey(Schedule, on_delete=models.CASCADE, related_name="events")
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT)
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    version = models.PositiveIntegerField()
+    actor = models.CharField(max_length=100)
+    at = models.DateTimeField()
+    detail = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["schedule", "at"], name="schedule_event_at_idx")]
+        ordering = ["schedule", "at", "id"]
+
+
+def shard_for(schedule_id: uuid.UUID, shards: int) -> int:
+    """Stable H(schedule_id) mod N: the same in every process and after restarts."""
+    digest = hashlib.blake2b(schedule_id.bytes, digest_size=8).digest()
+    return int.from_bytes(digest, "big") % shards

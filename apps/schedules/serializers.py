@@ -1,0 +1,169 @@
+"""API shapes of schedules. Validation only: state changes happen in services.py."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.utils import timezone
+from rest_framework import serializers
+
+from apps.occurrences.handlers import handler_names
+from apps.schedules import timerules
+from apps.schedules.models import Schedule
+from apps.schedules.services import ScheduleSpec
+
+MAX_PAYLOAD_BYTES = 16 * 1024
+SERVER_OWNED = {"id", "version", "state", "next_run_at", "tenant", "shard", "created_at",
+                "updated_at"}  # fmt: skip
+
+KIND_IN = {"cron": Schedule.Kind.CRON, "one_shot": Schedule.Kind.ONE_SHOT}
+KIND_OUT = {v: k for k, v in KIND_IN.items()}
+
+
+def _lower_choices(choices: type[Any]) -> list[str]:
+    return [value.lower() for value in choices.values]
+
+
+class ScheduleCreateSerializer(serializers.Serializer[Any]):
+    name = serializers.CharField(max_length=200)
+    kind = serializers.ChoiceField(choices=list(KIND_IN))
+    expression = serializers.CharField(max_length=200, required=False, default="")
+    run_at = serializers.DateTimeField(required=False, allow_null=True, default=None)
+    time_zone = serializers.CharField(max_length=64, default="UTC")
+    precision = serializers.ChoiceField(choices=_lower_choices(Schedule.Precision), default="strict")
+    flexible_window_s = serializers.IntegerField(min_value=0, max_value=300, default=0)
+    misfire_policy = serializers.ChoiceField(
+        choices=_lower_choices(Schedule.MisfirePolicy), default="fire_once"
+    )
+    max_lateness_s = serializers.IntegerField(min_value=0, max_value=7 * 86400, default=60)
+    catchup_limit = serializers.IntegerField(min_value=0, max_value=1000, default=0)
+    overlap_policy = serializers.ChoiceField(
+        choices=_lower_choices(Schedule.OverlapPolicy), default="allow"
+    )
+    dst_gap = serializers.ChoiceField(choices=Schedule.DstGap.values, default="skip")
+    dst_fold = serializers.ChoiceField(choices=Schedule.DstFold.values, default="first")
+    start_at = serializers.DateTimeField(required=False, allow_null=True, default=None)
+    end_at = serializers.DateTimeField(required=False, allow_null=True, default=None)
+    handler = serializers.CharField(max_length=100)
+    payload = serializers.JSONField(required=False, default=dict)
+
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, dict):
+            unknown = set(data) - set(self.fields)
+            if unknown:
+                owned = sorted(unknown & SERVER_OWNED)
+                errors = {f: ["This field is set by the server."] for f in owned}
+                errors.update({f: ["Unknown field."] for f in sorted(unknown - SERVER_OWNED)})
+                raise serializers.ValidationError(errors)
+        return super().to_internal_value(data)
+
+    def validate_handler(self, value: str) -> str:
+        if value not in handler_names():
+            raise serializers.ValidationError(
+                f"Unknown handler {value!r}; registered: {', '.join(handler_names())}."
+            )
+        return value
+
+    def validate_payload(self, value: Any) -> Any:
+        import json
+
+        if len(json.dumps(value)) > MAX_PAYLOAD_BYTES:
+            raise serializers.ValidationError(f"Payload is larger than {MAX_PAYLOAD_BYTES} bytes.")
+        return value
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        try:
+            timerules.validate_zone(attrs["time_zone"])
+            timerules.validate_bounds(attrs["start_at"], attrs["end_at"])
+            if attrs["kind"] == "cron":
+                if attrs["run_at"] is not None:
+                    raise timerules.TimeRuleError("run_at", "A cron schedule takes no run_at.")
+                timerules.validate(attrs["expression"], attrs["time_zone"])
+            else:
+                if attrs["expression"]:
+                    raise timerules.TimeRuleError(
+                        "expression", "A one-shot schedule takes run_at, not an expression."
+                    )
+                if attrs["run_at"] is None:
+                    raise timerules.TimeRuleError("run_at", "A one-shot schedule needs run_at.")
+                late = timezone.now() - attrs["run_at"]
+                if late > timedelta(seconds=attrs["max_lateness_s"]):
+                    raise timerules.TimeRuleError(
+                        "run_at",
+                        f"run_at is {int(late.total_seconds())} s in the past, beyond "
+                        f"max_lateness_s ({attrs['max_lateness_s']}).",
+                    )
+        except timerules.TimeRuleError as err:
+            raise serializers.ValidationError({err.field: [err.message]}) from None
+        if attrs["precision"] == "flexible" and attrs["flexible_window_s"] == 0:
+            raise serializers.ValidationError(
+                {"flexible_window_s": ["A flexible schedule needs a window of 1 to 300 s."]}
+            )
+        return attrs
+
+    def to_spec(self) -> ScheduleSpec:
+        data = self.validated_data
+        return ScheduleSpec(
+            name=data["name"],
+            kind=KIND_IN[data["kind"]],
+            expression=data["expression"],
+            run_at=data["run_at"],
+            time_zone=data["time_zone"],
+            dst_gap=data["dst_gap"],
+            dst_fold=data["dst_fold"],
+            start_at=data["start_at"],
+            end_at=data["end_at"],
+            precision=data["precision"].upper(),
+            flexible_window_s=data["flexible_window_s"],
+            misfire_policy=data["misfire_policy"].upper(),
+            max_lateness_s=data["max_lateness_s"],
+            catchup_limit=data["catchup_limit"],
+            overlap_policy=data["overlap_policy"].upper(),
+            handler=data["handler"],
+            payload=data["payload"],
+        )
+
+
+class ScheduleSerializer(serializers.ModelSerializer[Schedule]):
+    kind = serializers.SerializerMethodField()
+    precision = serializers.SerializerMethodField()
+    misfire_policy = serializers.SerializerMethodField()
+    overlap_policy = serializers.SerializerMethodField()
+    next_fires = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Schedule
+        fields = [
+            "id", "name", "kind", "expression", "run_at", "time_zone", "dst_gap", "dst_fold",
+            "start_at", "end_at", "precision", "flexible_window_s", "misfire_policy",
+            "max_lateness_s", "catchup_limit", "overlap_policy", "handler", "payload",
+            "version", "state", "next_run_at", "created_at", "updated_at", "next_fires",
+        ]  # fmt: skip
+        read_only_fields = fields
+
+    def get_kind(self, obj: Schedule) -> str:
+        return KIND_OUT[Schedule.Kind(obj.kind)]
+
+    def get_precision(self, obj: Schedule) -> str:
+        return obj.precision.lower()
+
+    def get_misfire_policy(self, obj: Schedule) -> str:
+        return obj.misfire_policy.lower()
+
+    def get_overlap_policy(self, obj: Schedule) -> str:
+        return obj.overlap_policy.lower()
+
+    def get_next_fires(self, obj: Schedule) -> list[str]:
+        """The next five instants (UTC) the schedule will fire, from its next_run_at."""
+        if obj.next_run_at is None or obj.state != Schedule.State.ACTIVE:
+            return []
+        if obj.kind == Schedule.Kind.ONE_SHOT:
+            return [obj.next_run_at.isoformat()]
+        fires = [obj.next_run_at] + timerules.next_fire_times(
+            obj.expression, obj.time_zone, obj.next_run_at, 4,
+            dst_gap=obj.dst_gap, dst_fold=obj.dst_fold,
+        )  # fmt: skip
+        if obj.end_at is not None:
+            fires = [f for f in fires if f <= obj.end_at]
+        return [f.isoformat() for f in fires]

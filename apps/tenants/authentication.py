@@ -1,0 +1,63 @@
+"""DRF authentication by tenant API key: `Authorization: Bearer <key>`."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.db.models import Q
+from django.utils import timezone
+from rest_framework import authentication, exceptions, permissions
+from rest_framework.request import Request
+
+from apps.tenants.models import ApiKey, Tenant
+from apps.tenants.services import hash_api_key
+
+# last_used_at is refreshed at most this often, so a busy key does not write every request.
+LAST_USED_RESOLUTION = timedelta(minutes=1)
+
+
+class TenantPrincipal:
+    """The caller of a tenant API request: which tenant, and which key (for the audit log)."""
+
+    is_authenticated = True
+
+    def __init__(self, tenant: Tenant, api_key: ApiKey) -> None:
+        self.tenant = tenant
+        self.api_key = api_key
+
+    @property
+    def actor(self) -> str:
+        return f"api-key:{self.api_key.prefix}"
+
+
+class ApiKeyAuthentication(authentication.BaseAuthentication):
+    keyword = "Bearer"
+
+    def authenticate(self, request: Request) -> tuple[TenantPrincipal, ApiKey] | None:
+        header = authentication.get_authorization_header(request).decode("latin-1")
+        if not header:
+            return None
+        scheme, _, raw = header.partition(" ")
+        if scheme != self.keyword or not raw.strip():
+            raise exceptions.AuthenticationFailed("Use 'Authorization: Bearer <api key>'.")
+        now = timezone.now()
+        key = (
+            ApiKey.objects.select_related("tenant")
+            .filter(key_hash=hash_api_key(raw.strip()), revoked_at__isnull=True)
+            .filter(Q(expires_at__isnull=True) | Q(expires_at__gt=now))
+            .first()
+        )
+        if key is None:
+            raise exceptions.AuthenticationFailed("Unknown, revoked or expired API key.")
+        if key.last_used_at is None or now - key.last_used_at > LAST_USED_RESOLUTION:
+            ApiKey.objects.filter(pk=key.pk).update(last_used_at=now)
+        return TenantPrincipal(key.tenant, key), key
+
+    def authenticate_header(self, request: Request) -> str:
+        return self.keyword
+
+
+class IsTenantAuthenticated(permissions.BasePermission):
+    def has_permission(self, request: Request, view: Any) -> bool:
+        return isinstance(request.user, TenantPrincipal)

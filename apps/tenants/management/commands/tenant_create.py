@@ -1,0 +1,26 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from apps.tenants.models import Tenant
+from apps.tenants.services import api_key_create, tenant_create
+
+
+class Command(BaseCommand):
+    help = "Create a tenant with default quotas; with --api-key, print a new key as the last line."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("slug")
+        parser.add_argument("--name", default=None)
+        parser.add_argument("--api-key", action="store_true")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        if Tenant.objects.filter(slug=options["slug"]).exists():
+            raise CommandError(f"tenant {options['slug']!r} already exists")
+        tenant = tenant_create(slug=options["slug"], name=options["name"])
+        self.stdout.write(f"created tenant {tenant.slug} ({tenant.id})")
+        if options["api_key"]:
+            _, raw = api_key_create(tenant=tenant, name="created by tenant_create")
+            self.stdout.write(raw)

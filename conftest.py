@@ -1,0 +1,92 @@
+"""Shared fixtures: the tenancy trio (A's admin, a member of A, an outsider in B) and
+API clients authenticated by each tenant's key."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from rest_framework.test import APIClient
+
+from apps.occurrences import partitions
+from apps.tenants.models import Membership, Tenant
+from apps.tenants.services import api_key_create, membership_grant, tenant_create
+
+
+@pytest.fixture(autouse=True)
+def _forget_partitions() -> Iterator[None]:
+    # Test transactions roll back partition DDL too; the per-process cache must not lie.
+    partitions._known_days.clear()
+    yield
+    partitions._known_days.clear()
+
+
+@pytest.fixture
+def tenant_a(db: Any) -> Tenant:
+    return tenant_create(slug="alpha", name="Alpha")
+
+
+@pytest.fixture
+def tenant_b(db: Any) -> Tenant:
+    return tenant_create(slug="bravo", name="Bravo")
+
+
+@pytest.fixture
+def alice(tenant_a: Tenant, django_user_model: Any) -> Any:
+    user = django_user_model.objects.create_user("alice", password="pw-alice-123")
+    membership_grant(user=user, tenant=tenant_a, role=Membership.Role.ADMIN)
+    return user
+
+
+@pytest.fixture
+def bob(tenant_a: Tenant, django_user_model: Any) -> Any:
+    user = django_user_model.objects.create_user("bob", password="pw-bob-123")
+    membership_grant(user=user, tenant=tenant_a, role=Membership.Role.VIEWER)
+    return user
+
+
+@pytest.fixture
+def charlie(tenant_b: Tenant, django_user_model: Any) -> Any:
+    user = django_user_model.objects.create_user("charlie", password="pw-charlie-123")
+    membership_grant(user=user, tenant=tenant_b, role=Membership.Role.ADMIN)
+    return user
+
+
+def _client_for(tenant: Tenant) -> APIClient:
+    _, raw = api_key_create(tenant=tenant, name="test")
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
+    return client
+
+
+@pytest.fixture
+def api_a(tenant_a: Tenant) -> APIClient:
+    return _client_for(tenant_a)
+
+
+@pytest.fixture
+def api_b(tenant_b: Tenant) -> APIClient:
+    return _client_for(tenant_b)
+
+
+@pytest.fixture
+def queue_prefix(settings: Any) -> Iterator[str]:
+    """A private RabbitMQ topology per test, so a running `make run` stack never sees it."""
+    from apps.occurrences.broker import Publisher
+    from apps.occurrences.queues import all_queue_names, exchange_name
+
+    prefix = f"tick-test-{uuid.uuid4().hex[:10]}"
+    settings.TICK_QUEUE_PREFIX = prefix
+    yield prefix
+    publisher = Publisher(
+        settings.CELERY_BROKER_URL, prefix=prefix, partitions=settings.TICK_TENANT_PARTITIONS,
+        celery_app=None,
+    )  # fmt: skip
+    publisher.connect()
+    channel = publisher._channel
+    for name in all_queue_names(prefix, settings.TICK_TENANT_PARTITIONS):
+        channel.queue_delete(name)
+    channel.exchange_delete(exchange_name(prefix))
+    publisher.close()

@@ -1,0 +1,165 @@
+"""Tick settings: one module, every deploy-specific value read from the environment."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+from tickweb.env import env_bool, env_int, env_list, env_str
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+DEBUG = env_bool("DJANGO_DEBUG", False)
+SECRET_KEY = env_str("SECRET_KEY", "")
+if not SECRET_KEY:
+    if not DEBUG:
+        raise ImproperlyConfigured("SECRET_KEY must be set when DJANGO_DEBUG is off")
+    # Development only: DEBUG on and no key given.
+    SECRET_KEY = "django-insecure-development-only-key"  # noqa: S105
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "django_celery_results",
+    "apps.tenants",
+    "apps.schedules",
+    "apps.occurrences",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "tickweb.urls"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+WSGI_APPLICATION = "tickweb.wsgi.application"
+ASGI_APPLICATION = "tickweb.asgi.application"
+
+DATABASES = {
+    "default": dj_database_url.parse(
+        env_str("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/tick"),
+        conn_max_age=env_int("DATABASE_CONN_MAX_AGE", 60),
+        conn_health_checks=True,
+    )
+}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+# UTC everywhere; local wall-clock time exists only inside apps/schedules/timerules.py.
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
+
+LOGIN_URL = "admin:login"
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["apps.tenants.authentication.ApiKeyAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["apps.tenants.authentication.IsTenantAuthenticated"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_PAGINATION_CLASS": None,
+    "UNAUTHENTICATED_USER": None,
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Tick API",
+    "DESCRIPTION": "Multi-tenant scheduler: schedules, occurrences and their attempts.",
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+}
+
+# --- Tick -------------------------------------------------------------------------------
+# Logical shards: shard = H(schedule_id) mod N. Fixed at installation; changing it re-homes
+# every schedule, so it is read once here and never per call.
+TICK_SHARDS = env_int("TICK_SHARDS", 256)
+# Tenant partitions per lane: queue = <prefix>.<lane>.p<H(tenant) mod P>.
+TICK_TENANT_PARTITIONS = env_int("TICK_TENANT_PARTITIONS", 4)
+TICK_QUEUE_PREFIX = env_str("TICK_QUEUE_PREFIX", "tick")
+# How far ahead the materializer writes occurrences (seconds). Covers a lease failover
+# (TTL) plus the queue-write budget; short enough that updates supersede few rows.
+TICK_PLANNING_WINDOW_S = env_int("TICK_PLANNING_WINDOW_S", 120)
+TICK_MATERIALIZE_BATCH = env_int("TICK_MATERIALIZE_BATCH", 1000)
+# Upper bound on occurrences written for one schedule in one pass (bounds a tight cron).
+TICK_MAX_FIRES_PER_PASS = env_int("TICK_MAX_FIRES_PER_PASS", 200)
+# Misfire bookkeeping: at most this many MISSED rows per schedule per recovery pass.
+TICK_MISSED_RECORD_LIMIT = env_int("TICK_MISSED_RECORD_LIMIT", 10)
+TICK_LEASE_TTL_S = env_int("TICK_LEASE_TTL_S", 15)
+TICK_RELAY_LOOKAHEAD_MS = env_int("TICK_RELAY_LOOKAHEAD_MS", 500)
+TICK_RELAY_BATCH = env_int("TICK_RELAY_BATCH", 2000)
+TICK_ATTEMPT_LEASE_S = env_int("TICK_ATTEMPT_LEASE_S", 60)
+TICK_MAX_ATTEMPTS = env_int("TICK_MAX_ATTEMPTS", 5)
+TICK_RETRY_BASE_S = env_int("TICK_RETRY_BASE_S", 2)
+TICK_RETRY_CAP_S = env_int("TICK_RETRY_CAP_S", 600)
+TICK_PARTITION_DAYS_AHEAD = env_int("TICK_PARTITION_DAYS_AHEAD", 7)
+TICK_RETENTION_DAYS = env_int("TICK_RETENTION_DAYS", 30)
+
+# --- Celery -----------------------------------------------------------------------------
+CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "amqp://guest:guest@127.0.0.1:5672//")
+CELERY_RESULT_BACKEND = "django-db"
+CELERY_RESULT_EXTENDED = False
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+# A handler's side effect happens before the ack; a killed worker gets its message redelivered
+# (the claim then drops it as a duplicate, and the lease reaper recovers the occurrence).
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = env_int("CELERY_WORKER_PREFETCH_MULTIPLIER", 4)
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+}
+
+# Celery workers consume every Tick queue; the relay publishes to them directly.
+from apps.occurrences.queues import celery_queues  # noqa: E402
+
+CELERY_TASK_QUEUES = celery_queues(TICK_QUEUE_PREFIX, TICK_TENANT_PARTITIONS)
+CELERY_TASK_DEFAULT_QUEUE = f"{TICK_QUEUE_PREFIX}.strict.p0"
