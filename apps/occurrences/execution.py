@@ -14,6 +14,7 @@ Concurrency story (every line may run concurrently with itself):
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import uuid
@@ -66,7 +67,7 @@ def occurrence_claim(
         cursor.execute(
             """
             SELECT o.state, o.schedule_version, o.attempt_count, o.tenant_id,
-                   s.id, s.version, s.state, s.handler, s.payload, s.shard
+                   s.id, s.version, s.state, s.handler, s.payload::text, s.shard
             FROM occurrences_occurrence o
             JOIN schedules_schedule s ON s.id = o.schedule_id
             WHERE o.id = %s AND o.scheduled_for = %s
@@ -133,7 +134,7 @@ def occurrence_claim(
         tenant_id=tenant_id,
         scheduled_for=scheduled_for,
         attempt_no=attempt_no,
-        payload=payload,
+        payload=json.loads(payload),
     )
     return Claim(ClaimStatus.CLAIMED, context, attempt_id, lease_token, handler, shard)
 

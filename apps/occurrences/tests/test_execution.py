@@ -1,0 +1,127 @@
+"""Claim and fenced completion against the real database."""
+
+from __future__ import annotations
+
+import random
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from apps.occurrences.execution import (
+    ClaimStatus,
+    attempt_complete,
+    occurrence_claim,
+    occurrence_execute,
+    retry_delay,
+)
+from apps.occurrences.materializer import materialize_pass
+from apps.occurrences.models import Attempt, DispatchOutbox, HandlerEffect, Lane, Occurrence
+from apps.occurrences.tests.helpers import leases, materialize_config
+from apps.schedules.models import Schedule
+from apps.schedules.tests.factories import make_schedule
+
+pytestmark = pytest.mark.django_db
+
+
+def _occurrence(tenant, **schedule_fields):
+    run_at = timezone.now() - timedelta(seconds=1)
+    make_schedule(
+        tenant,
+        kind=Schedule.Kind.ONE_SHOT,
+        expression="",
+        run_at=run_at,
+        next_run_at=run_at,
+        **schedule_fields,
+    )
+    materialize_pass(leases=leases(), now=timezone.now(), config=materialize_config())
+    DispatchOutbox.objects.all().delete()
+    return Occurrence.objects.get()
+
+
+def test_execute_runs_the_handler_once_and_succeeds(tenant_a):
+    occ = _occurrence(tenant_a, payload={"n": 1})
+
+    summary = occurrence_execute(occurrence_id=occ.id, scheduled_for=occ.scheduled_for, worker_id="w1")
+
+    occ.refresh_from_db()
+    assert summary == {"status": "SUCCEEDED", "attempt_no": 1}
+    assert occ.state == Occurrence.State.SUCCEEDED and occ.attempt_count == 1
+    attempt = Attempt.objects.get(occurrence_id=occ.id)
+    assert (attempt.outcome, attempt.worker_id) == (Attempt.Outcome.SUCCEEDED, "w1")
+    effect = HandlerEffect.objects.get(occurrence_id=occ.id)
+    assert (effect.deliveries, effect.payload) == (1, {"n": 1})
+
+
+def test_second_delivery_of_a_claimed_occurrence_is_dropped(tenant_a):
+    occ = _occurrence(tenant_a)
+    first = occurrence_claim(occurrence_id=occ.id, scheduled_for=occ.scheduled_for, worker_id="w1")
+
+    second = occurrence_claim(occurrence_id=occ.id, scheduled_for=occ.scheduled_for, worker_id="w2")
+
+    assert first.status == ClaimStatus.CLAIMED
+    assert second.status == ClaimStatus.DUPLICATE
+    assert Attempt.objects.filter(occurrence_id=occ.id).count() == 1
+
+
+def test_completion_with_a_stale_lease_token_is_ignored(tenant_a):
+    occ = _occurrence(tenant_a)
+    claim = occurrence_claim(occurrence_id=occ.id, scheduled_for=occ.scheduled_for, worker_id="w1")
+    # The lease was reaped meanwhile: the attempt is closed and the occurrence re-queued.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE occurrences_attempt SET finished_at = now(), outcome = 'LEASE_EXPIRED'"
+        )
+        cursor.execute("UPDATE occurrences_occurrence SET state = 'RETRY_WAIT'")
+
+    assert attempt_complete(claim=claim) is None
+
+    occ.refresh_from_db()
+    assert occ.state == Occurrence.State.RETRY_WAIT
+
+
+def test_transient_failure_schedules_a_retry_through_the_outbox(tenant_a):
+    occ = _occurrence(tenant_a)
+    claim = occurrence_claim(occurrence_id=occ.id, scheduled_for=occ.scheduled_for, worker_id="w1")
+
+    state = attempt_complete(claim=claim, error=ConnectionError("refused"))
+
+    assert state == Occurrence.State.RETRY_WAIT
+    retry = DispatchOutbox.objects.get(occurrence_id=occ.id)
+    assert retry.lane == Lane.RETRY
+    attempt = Attempt.objects.get(occurrence_id=occ.id)
+    assert (attempt.outcome, attempt.error_class) == (Attempt.Outcome.RETRY, "ConnectionError")
+    # The retry claim creates attempt 2 for the same occurrence id.
+    again = occurrence_claim(occurrence_id=occ.id, scheduled_for=occ.scheduled_for, worker_id="w2")
+    assert again.status == ClaimStatus.CLAIMED and again.context.attempt_no == 2
+
+
+def test_permanent_failure_goes_dead(tenant_a):
+    occ = _occurrence(tenant_a, payload={"fail": "permanent"})
+
+    occurrence_execute(occurrence_id=occ.id, scheduled_for=occ.scheduled_for, worker_id="w1")
+
+    occ.refresh_from_db()
+    assert occ.state == Occurrence.State.DEAD
+    assert not DispatchOutbox.objects.exists()
+
+
+def test_occurrence_of_an_older_version_is_superseded_not_run(tenant_a):
+    occ = _occurrence(tenant_a)
+    Schedule.objects.filter(pk=occ.schedule_id).update(version=2)
+
+    summary = occurrence_execute(occurrence_id=occ.id, scheduled_for=occ.scheduled_for, worker_id="w1")
+
+    occ.refresh_from_db()
+    assert summary["status"] == "superseded"
+    assert occ.state == Occurrence.State.SUPERSEDED
+    assert not HandlerEffect.objects.exists()
+
+
+def test_retry_delay_is_full_jitter_under_the_exponential_cap():
+    rng = random.Random(7)
+    delays = [retry_delay(4, base_s=2, cap_s=600, rng=rng) for _ in range(2000)]
+    assert all(0 <= d <= 16 for d in delays)
+    assert min(delays) < 1 and max(delays) > 15  # spread over the whole [0, 2^3 * 2] range
+    assert all(retry_delay(30, base_s=2, cap_s=600, rng=rng) <= 600 for _ in range(100))
