@@ -66,7 +66,7 @@ class Publisher:
             heartbeat=0,
         )
         conn.connect()
-        channel = conn.channel()
+        channel: Any = conn.channel()
         channel.confirm_select()
         channel.events["basic_ack"].add(self._on_ack)
         channel.events["basic_nack"].add(self._on_nack)
@@ -132,7 +132,9 @@ class Publisher:
             priority=0,
         )
 
-    def publish(self, messages: Sequence[OutgoingMessage], *, timeout_s: float = 10.0) -> PublishResult:
+    def publish(
+        self, messages: Sequence[OutgoingMessage], *, timeout_s: float = 10.0
+    ) -> PublishResult:
         """Publish all `messages` with confirms in flight; wait for every confirm.
 
         A message counts as enqueued only if the broker acked it and did not return it as
@@ -190,4 +192,3 @@ class Publisher:
             # so start afresh; the rows stay in the outbox and are republished (same ids).
             self.close()
         return PublishResult(confirmed, failed)
-

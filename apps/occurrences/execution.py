@@ -20,7 +20,7 @@ import random
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 from django.conf import settings
@@ -40,7 +40,7 @@ CLAIMABLE = (
 )
 
 
-class ClaimStatus(str, Enum):
+class ClaimStatus(StrEnum):
     CLAIMED = "claimed"
     DUPLICATE = "duplicate"
     NOT_FOUND = "not_found"
@@ -58,9 +58,7 @@ class Claim:
     shard: int = 0
 
 
-def occurrence_claim(
-    *, occurrence_id: uuid.UUID, scheduled_for: datetime, worker_id: str
-) -> Claim:
+def occurrence_claim(*, occurrence_id: uuid.UUID, scheduled_for: datetime, worker_id: str) -> Claim:
     """Claim an occurrence for one attempt (see module docstring, step 1)."""
     now = timezone.now()
     with transaction.atomic(), connection.cursor() as cursor:
@@ -239,4 +237,5 @@ def occurrence_execute(
             log.warning("occurrence %s attempt %s failed: %r", occurrence_id,
                         claim.context.attempt_no, exc)  # fmt: skip
     state = attempt_complete(claim=claim, error=error)
-    return {"status": "stale" if state is None else str(state), "attempt_no": claim.context.attempt_no}
+    status = "stale" if state is None else str(state)
+    return {"status": status, "attempt_no": claim.context.attempt_no}

@@ -87,4 +87,3 @@ def record_handler(ctx: HandlerContext) -> None:
         )
     if isinstance(ctx.payload, dict) and ctx.payload.get("fail") == "permanent":
         raise PermanentError("payload asked the record handler to fail permanently")
-

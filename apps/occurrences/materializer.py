@@ -144,11 +144,12 @@ def _plan(row: _Row, now: datetime, horizon: datetime, config: MaterializeConfig
     if row.next_run_at < cutoff:
         # Misfire: instants older than now - max_lateness, found from the persisted
         # next_run_at (never from "now"). Bookkeeping stays bounded whatever the outage.
-        fire_late = {
+        fire_late_by_policy: dict[str, int] = {
             Schedule.MisfirePolicy.SKIP: 0,
             Schedule.MisfirePolicy.FIRE_ONCE: 1,
             Schedule.MisfirePolicy.CATCHUP: row.catchup_limit,
-        }.get(row.misfire_policy, 0)
+        }
+        fire_late = fire_late_by_policy.get(row.misfire_policy, 0)
         keep = fire_late + config.missed_record_limit
         late, complete = _latest_before(row, cutoff, keep)
         fired = late[len(late) - fire_late :] if fire_late else []
@@ -239,7 +240,9 @@ def materialize_batch(*, leases: LeaseSet, now: datetime, config: MaterializeCon
         return _materialize_batch(leases=leases, now=now, config=config)
 
 
-def _materialize_batch(*, leases: LeaseSet, now: datetime, config: MaterializeConfig) -> BatchResult:
+def _materialize_batch(
+    *, leases: LeaseSet, now: datetime, config: MaterializeConfig
+) -> BatchResult:
     result = BatchResult()
     horizon = now + timedelta(seconds=config.window_s)
     with transaction.atomic(), connection.cursor() as cursor:

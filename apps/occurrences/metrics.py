@@ -20,7 +20,9 @@ occurrence_conflicts = Counter(
     "tick_occurrence_unique_conflicts_total",
     "Occurrences the materializer found already present (ON CONFLICT DO NOTHING)",
 )
-occurrences_missed = Counter("tick_occurrences_missed_total", "Instants recorded or summarised MISSED")
+occurrences_missed = Counter(
+    "tick_occurrences_missed_total", "Instants recorded or summarised MISSED"
+)
 published = Counter("tick_published_total", "Messages confirmed by the broker", ["lane"])
 publish_failures = Counter(
     "tick_publish_failures_total", "Publishes nacked, returned unroutable or unconfirmed"

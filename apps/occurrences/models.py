@@ -120,6 +120,9 @@ class Attempt(models.Model):
             )
         ]
 
+    def __str__(self) -> str:
+        return f"attempt {self.attempt_no} of {self.occurrence_id}"
+
 
 class DispatchOutbox(models.Model):
     """Occurrences waiting to be published (SPEC §6). A row leaves only after the broker
@@ -141,6 +144,9 @@ class DispatchOutbox(models.Model):
             # The relay's claim (`manage.py relay`): due rows of its shards, oldest first.
             models.Index(fields=["shard", "available_at"], name="outbox_due_idx"),
         ]
+
+    def __str__(self) -> str:
+        return f"outbox {self.occurrence_id} ({self.lane}) at {self.available_at.isoformat()}"
 
 
 class ShardLease(models.Model):
@@ -165,6 +171,9 @@ class ShardLease(models.Model):
             models.UniqueConstraint(fields=["role", "shard"], name="shard_lease_role_shard_uniq")
         ]
 
+    def __str__(self) -> str:
+        return f"{self.role} shard {self.shard} -> {self.owner or '-'} (gen {self.generation})"
+
 
 class HandlerEffect(models.Model):
     """The side effect of the built-in `record` handler: one row per occurrence, however many
@@ -178,3 +187,6 @@ class HandlerEffect(models.Model):
     payload = models.JSONField(default=dict)
     first_run_at = models.DateTimeField()
     deliveries = models.PositiveIntegerField(default=1)
+
+    def __str__(self) -> str:
+        return f"effect of {self.occurrence_id} x{self.deliveries}"

@@ -90,9 +90,7 @@ def partitions_maintain(*, today: date, days_ahead: int, retention_days: int) ->
     Yesterday is kept creatable so late recovery (misfire bookkeeping) always has a home.
     """
     report = PartitionReport()
-    report.created = partitions_ensure(
-        today + timedelta(days=n) for n in range(-1, days_ahead + 1)
-    )
+    report.created = partitions_ensure(today + timedelta(days=n) for n in range(-1, days_ahead + 1))
     cutoff = today - timedelta(days=retention_days)
     with connection.cursor() as cursor:
         # Attempts first: they describe occurrences, never the other way round.

@@ -6,14 +6,16 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from celery import Task, shared_task
+from celery import shared_task
 
 from apps.occurrences.execution import occurrence_execute
 from apps.occurrences.queues import TASK_NAME
 
 
 @shared_task(name=TASK_NAME, bind=True, acks_late=True, ignore_result=True)
-def run_occurrence(self: Task, occurrence_id: str, scheduled_for: str, **_: Any) -> dict[str, Any]:
+def run_occurrence(
+    self: Any, /, occurrence_id: str, scheduled_for: str, **_: Any
+) -> dict[str, Any]:
     return occurrence_execute(
         occurrence_id=uuid.UUID(occurrence_id),
         scheduled_for=datetime.fromisoformat(scheduled_for),

@@ -126,6 +126,9 @@ class ScheduleVersion(models.Model):
         ]
         ordering = ["schedule", "version"]
 
+    def __str__(self) -> str:
+        return f"{self.schedule_id} v{self.version}"
+
 
 class ScheduleEvent(models.Model):
     """Append-only audit log of lifecycle changes, with who did it."""
@@ -151,8 +154,14 @@ class ScheduleEvent(models.Model):
         indexes = [models.Index(fields=["schedule", "at"], name="schedule_event_at_idx")]
         ordering = ["schedule", "at", "id"]
 
+    def __str__(self) -> str:
+        return f"{self.kind} {self.schedule_id} v{self.version} by {self.actor}"
+
 
 def shard_for(schedule_id: uuid.UUID, shards: int) -> int:
     """Stable H(schedule_id) mod N: the same in every process and after restarts."""
     digest = hashlib.blake2b(schedule_id.bytes, digest_size=8).digest()
     return int.from_bytes(digest, "big") % shards
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.schedule_id} v{self.version} by {self.actor}"

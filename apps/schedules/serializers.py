@@ -31,7 +31,9 @@ class ScheduleCreateSerializer(serializers.Serializer[Any]):
     expression = serializers.CharField(max_length=200, required=False, default="")
     run_at = serializers.DateTimeField(required=False, allow_null=True, default=None)
     time_zone = serializers.CharField(max_length=64, default="UTC")
-    precision = serializers.ChoiceField(choices=_lower_choices(Schedule.Precision), default="strict")
+    precision = serializers.ChoiceField(
+        choices=_lower_choices(Schedule.Precision), default="strict"
+    )
     flexible_window_s = serializers.IntegerField(min_value=0, max_value=300, default=0)
     misfire_policy = serializers.ChoiceField(
         choices=_lower_choices(Schedule.MisfirePolicy), default="fire_once"

@@ -43,7 +43,9 @@ def _occurrence(tenant, **schedule_fields):
 def test_execute_runs_the_handler_once_and_succeeds(tenant_a):
     occ = _occurrence(tenant_a, payload={"n": 1})
 
-    summary = occurrence_execute(occurrence_id=occ.id, scheduled_for=occ.scheduled_for, worker_id="w1")
+    summary = occurrence_execute(
+        occurrence_id=occ.id, scheduled_for=occ.scheduled_for, worker_id="w1"
+    )
 
     occ.refresh_from_db()
     assert summary == {"status": "SUCCEEDED", "attempt_no": 1}
@@ -94,7 +96,8 @@ def test_transient_failure_schedules_a_retry_through_the_outbox(tenant_a):
     assert (attempt.outcome, attempt.error_class) == (Attempt.Outcome.RETRY, "ConnectionError")
     # The retry claim creates attempt 2 for the same occurrence id.
     again = occurrence_claim(occurrence_id=occ.id, scheduled_for=occ.scheduled_for, worker_id="w2")
-    assert again.status == ClaimStatus.CLAIMED and again.context.attempt_no == 2
+    assert again.status == ClaimStatus.CLAIMED
+    assert again.context is not None and again.context.attempt_no == 2
 
 
 def test_permanent_failure_goes_dead(tenant_a):
@@ -111,7 +114,9 @@ def test_occurrence_of_an_older_version_is_superseded_not_run(tenant_a):
     occ = _occurrence(tenant_a)
     Schedule.objects.filter(pk=occ.schedule_id).update(version=2)
 
-    summary = occurrence_execute(occurrence_id=occ.id, scheduled_for=occ.scheduled_for, worker_id="w1")
+    summary = occurrence_execute(
+        occurrence_id=occ.id, scheduled_for=occ.scheduled_for, worker_id="w1"
+    )
 
     occ.refresh_from_db()
     assert summary["status"] == "superseded"

@@ -74,7 +74,9 @@ def test_confirmed_publish_records_enqueued_at_and_empties_the_outbox(
 def test_unroutable_publish_is_a_failure_and_the_row_stays(tenant_a, queue_prefix, publisher):
     _, occurrence = _due_one_shot(tenant_a)
     # The queue vanished (operator error): mandatory publish comes back unroutable.
-    publisher._channel.queue_delete(queue_name(queue_prefix, "strict", tenant_partition(tenant_a.id, 4)))
+    publisher._channel.queue_delete(
+        queue_name(queue_prefix, "strict", tenant_partition(tenant_a.id, 4))
+    )
 
     result = relay_step(
         leases=leases(ShardLease.Role.RELAY), publisher=publisher, config=relay_config(queue_prefix)

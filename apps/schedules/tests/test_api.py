@@ -104,4 +104,6 @@ def test_openapi_schema_lists_the_schedule_routes(client):
 
     assert response.status_code == 200
     paths = response.json()["paths"]
-    assert {"/api/v1/schedules", "/api/v1/schedules/{schedule_id}", "/api/v1/occurrences"} <= set(paths)
+    assert {"/api/v1/schedules", "/api/v1/schedules/{schedule_id}", "/api/v1/occurrences"} <= set(
+        paths
+    )

@@ -42,7 +42,9 @@ class Command(BaseCommand):
                 actor="demo_setup",
             )
         _, raw = api_key_create(tenant=tenant, name="make run")
-        self.stdout.write(f"web login: http://127.0.0.1:8000/admin/  user demo / {options['password']}")
+        self.stdout.write(
+            f"web login: http://127.0.0.1:8000/admin/  user demo / {options['password']}"
+        )
         self.stdout.write(
             "try: curl -H 'Authorization: Bearer <key>' "
             "'http://127.0.0.1:8000/api/v1/occurrences?page_size=5'"
