@@ -5,9 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import dj_database_url
+import django_stubs_ext
 from django.core.exceptions import ImproperlyConfigured
 
 from tickweb.env import env_bool, env_int, env_list, env_str
+
+# Lets admin.ModelAdmin[Model] and friends be subscripted at runtime (types for mypy).
+django_stubs_ext.monkeypatch()
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
