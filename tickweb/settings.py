@@ -34,6 +34,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "drf_spectacular",
+    "drf_spectacular_sidecar",
     "django_celery_results",
     "apps.tenants",
     "apps.schedules",
@@ -113,6 +114,10 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Multi-tenant scheduler: schedules, occurrences and their attempts.",
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    # Swagger UI assets come from a package and are served by the app: no CDN.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
 }
 
 # --- Tick -------------------------------------------------------------------------------

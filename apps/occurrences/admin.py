@@ -2,7 +2,6 @@ from django.contrib import admin
 
 from apps.occurrences.models import DispatchOutbox, ShardLease
 
-
 # Occurrence and Attempt have composite primary keys (id, scheduled_for), which Django 5.2's
 # admin refuses to register; support staff read them through the occurrence API and pages.
 

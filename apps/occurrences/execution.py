@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import threading
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -215,6 +216,112 @@ def attempt_complete(
     return state
 
 
+def attempt_heartbeat(*, claim: Claim) -> bool:
+    """Extend the attempt's lease; False once the lease is lost (reaped or finished)."""
+    assert claim.context is not None
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            UPDATE occurrences_attempt
+            SET lease_expires_at = now() + make_interval(secs => %s)
+            WHERE id = %s AND scheduled_for = %s AND lease_token = %s AND finished_at IS NULL
+            """,
+            [settings.TICK_ATTEMPT_LEASE_S, claim.attempt_id, claim.context.scheduled_for,
+             claim.lease_token],
+        )  # fmt: skip
+        return cursor.rowcount == 1
+
+
+class _Heartbeat(threading.Thread):
+    """Renews a running attempt's lease every lease/3 until stopped."""
+
+    def __init__(self, claim: Claim) -> None:
+        super().__init__(name="tick-heartbeat", daemon=True)
+        self.claim = claim
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        interval = settings.TICK_ATTEMPT_LEASE_S / 3
+        try:
+            while not self.stopped.wait(interval):
+                if not attempt_heartbeat(claim=self.claim):
+                    log.warning("lease of %s lost while running", self.claim.attempt_id)
+                    return
+        finally:
+            connection.close()  # this thread's own connection
+
+
+_REAP = """
+    WITH expired AS (
+        UPDATE occurrences_attempt a
+        SET finished_at = %(now)s, outcome = 'LEASE_EXPIRED',
+            error_class = 'LeaseExpired',
+            error_message = 'no heartbeat before the lease expired (worker lost?)'
+        WHERE (a.id, a.scheduled_for) IN (
+            SELECT id, scheduled_for FROM occurrences_attempt
+            WHERE finished_at IS NULL AND lease_expires_at < %(cutoff)s
+            LIMIT %(limit)s
+            FOR UPDATE SKIP LOCKED
+        )
+        RETURNING a.occurrence_id, a.scheduled_for, a.attempt_no
+    ),
+    requeued AS (
+        UPDATE occurrences_occurrence o
+        SET state = CASE WHEN e.attempt_no >= %(max_attempts)s THEN 'DEAD' ELSE 'RETRY_WAIT' END,
+            finished_at = CASE WHEN e.attempt_no >= %(max_attempts)s THEN %(now)s END
+        FROM expired e
+        WHERE o.id = e.occurrence_id AND o.scheduled_for = e.scheduled_for
+          AND o.state = 'RUNNING' AND o.attempt_count = e.attempt_no
+        RETURNING o.id, o.scheduled_for, o.schedule_id, o.schedule_version, o.tenant_id, o.state
+    ),
+    outbox AS (
+        INSERT INTO occurrences_dispatchoutbox
+            (occurrence_id, scheduled_for, schedule_id, schedule_version, tenant_id, shard,
+             lane, available_at, created_at)
+        SELECT r.id, r.scheduled_for, r.schedule_id, r.schedule_version, r.tenant_id, s.shard,
+               'retry', %(now)s, %(now)s
+        FROM requeued r JOIN schedules_schedule s ON s.id = r.schedule_id
+        WHERE r.state = 'RETRY_WAIT'
+        RETURNING 1
+    )
+    SELECT (SELECT count(*) FROM expired), (SELECT count(*) FROM outbox),
+           (SELECT count(*) FROM requeued WHERE state = 'DEAD')
+"""
+
+
+@dataclass(frozen=True)
+class ReapResult:
+    expired: int
+    requeued: int
+    dead: int
+
+
+def attempts_reap(*, now: datetime, grace_s: int, limit: int = 1000) -> ReapResult:
+    """Close attempts whose lease expired more than `grace_s` ago and send their occurrences
+    back through the outbox (retry lane), set-based and in one transaction.
+
+    This is what saves an occurrence whose worker died after the broker considered the
+    message handled (e.g. a pool child killed by the OOM killer is acknowledged by Celery).
+    """
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            _REAP,
+            {
+                "now": now,
+                "cutoff": now - timedelta(seconds=grace_s),
+                "limit": limit,
+                "max_attempts": settings.TICK_MAX_ATTEMPTS,
+            },
+        )
+        row = cursor.fetchone()
+    assert row is not None
+    result = ReapResult(int(row[0]), int(row[1]), int(row[2]))
+    metrics.attempts_finished.labels(outcome=Attempt.Outcome.LEASE_EXPIRED).inc(result.expired)
+    metrics.retries_scheduled.inc(result.requeued)
+    metrics.dead_occurrences.inc(result.dead)
+    return result
+
+
 def occurrence_execute(
     *, occurrence_id: uuid.UUID, scheduled_for: datetime, worker_id: str
 ) -> dict[str, Any]:
@@ -230,12 +337,17 @@ def occurrence_execute(
     if handler is None:
         error = PermanentError(f"no handler registered as {claim.handler!r}")
     else:
+        heartbeat = _Heartbeat(claim)
+        heartbeat.start()
         try:
             handler(claim.context)
         except Exception as exc:  # noqa: BLE001 - every handler failure is classified below
             error = exc
             log.warning("occurrence %s attempt %s failed: %r", occurrence_id,
                         claim.context.attempt_no, exc)  # fmt: skip
+        finally:
+            heartbeat.stopped.set()
+            heartbeat.join()
     state = attempt_complete(claim=claim, error=error)
     status = "stale" if state is None else str(state)
     return {"status": status, "attempt_no": claim.context.attempt_no}

@@ -119,6 +119,15 @@ class Attempt(models.Model):
                 name="attempt_no_uniq",
             )
         ]
+        indexes = [
+            # The lease reaper (`manage.py reap`): open attempts by lease expiry; tiny, since
+            # finished attempts drop out of the partial index.
+            models.Index(
+                fields=["lease_expires_at"],
+                name="attempt_open_lease_idx",
+                condition=models.Q(finished_at__isnull=True),
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"attempt {self.attempt_no} of {self.occurrence_id}"

@@ -6,12 +6,15 @@ import random
 from datetime import timedelta
 
 import pytest
+from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
 from apps.occurrences.execution import (
     ClaimStatus,
     attempt_complete,
+    attempt_heartbeat,
+    attempts_reap,
     occurrence_claim,
     occurrence_execute,
     retry_delay,
@@ -130,3 +133,47 @@ def test_retry_delay_is_full_jitter_under_the_exponential_cap():
     assert all(0 <= d <= 16 for d in delays)
     assert min(delays) < 1 and max(delays) > 15  # spread over the whole [0, 2^3 * 2] range
     assert all(retry_delay(30, base_s=2, cap_s=600, rng=rng) <= 600 for _ in range(100))
+
+
+def test_reaper_requeues_an_occurrence_whose_worker_died_mid_run(tenant_a):
+    # given: a claim whose worker vanished (no heartbeat, no completion)
+    occ = _occurrence(tenant_a)
+    claim = occurrence_claim(occurrence_id=occ.id, scheduled_for=occ.scheduled_for, worker_id="w1")
+    later = timezone.now() + timedelta(seconds=settings.TICK_ATTEMPT_LEASE_S + 11)
+
+    # when
+    result = attempts_reap(now=later, grace_s=10)
+
+    # then: the attempt is closed, the occurrence waits for a retry through the outbox,
+    # and the dead worker's late completion is ignored
+    assert (result.expired, result.requeued, result.dead) == (1, 1, 0)
+    occ.refresh_from_db()
+    assert occ.state == Occurrence.State.RETRY_WAIT
+    assert Attempt.objects.get(occurrence_id=occ.id).outcome == Attempt.Outcome.LEASE_EXPIRED
+    assert DispatchOutbox.objects.get(occurrence_id=occ.id).lane == Lane.RETRY
+    assert attempt_complete(claim=claim) is None
+
+
+def test_reaper_leaves_live_leases_alone(tenant_a):
+    occ = _occurrence(tenant_a)
+    occurrence_claim(occurrence_id=occ.id, scheduled_for=occ.scheduled_for, worker_id="w1")
+
+    result = attempts_reap(now=timezone.now(), grace_s=10)
+
+    assert result.expired == 0
+    occ.refresh_from_db()
+    assert occ.state == Occurrence.State.RUNNING
+
+
+def test_heartbeat_extends_the_lease_until_the_attempt_is_reaped(tenant_a):
+    occ = _occurrence(tenant_a)
+    claim = occurrence_claim(occurrence_id=occ.id, scheduled_for=occ.scheduled_for, worker_id="w1")
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE occurrences_attempt SET lease_expires_at = now()")
+
+    assert attempt_heartbeat(claim=claim) is True
+    extended = Attempt.objects.get(occurrence_id=occ.id).lease_expires_at
+    assert extended > timezone.now() + timedelta(seconds=settings.TICK_ATTEMPT_LEASE_S - 5)
+
+    attempts_reap(now=extended + timedelta(seconds=11), grace_s=10)
+    assert attempt_heartbeat(claim=claim) is False

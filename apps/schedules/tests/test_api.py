@@ -107,3 +107,12 @@ def test_openapi_schema_lists_the_schedule_routes(client):
     assert {"/api/v1/schedules", "/api/v1/schedules/{schedule_id}", "/api/v1/occurrences"} <= set(
         paths
     )
+
+
+def test_interactive_docs_load_their_assets_locally(client):
+    response = client.get("/api/docs/")
+
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert "swagger-ui" in html
+    assert "cdn.jsdelivr.net" not in html and "unpkg.com" not in html
