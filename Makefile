@@ -8,7 +8,7 @@ ENV_FILE := .run/services.env
 
 export DJANGO_DEBUG ?= 1
 
-.PHONY: run test lint pytest install services migrate clean
+.PHONY: run test lint pytest install services services-stop migrate clean
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,6 +22,10 @@ install: $(STAMP)
 # or installs them when missing, and writes the URLs to use into $(ENV_FILE).
 services: install
 	$(BIN)/python scripts/ensure_services.py --env-file $(ENV_FILE)
+
+# Stops the embedded PostgreSQL that `services` may have started (data stays on disk).
+services-stop: install
+	$(BIN)/python scripts/ensure_services.py --stop-embedded-postgres
 
 migrate: services
 	set -a && source $(ENV_FILE) && set +a && \

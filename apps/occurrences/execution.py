@@ -229,7 +229,7 @@ def attempt_heartbeat(*, claim: Claim) -> bool:
             [settings.TICK_ATTEMPT_LEASE_S, claim.attempt_id, claim.context.scheduled_for,
              claim.lease_token],
         )  # fmt: skip
-        return cursor.rowcount == 1
+        return bool(cursor.rowcount == 1)
 
 
 class _Heartbeat(threading.Thread):
