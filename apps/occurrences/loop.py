@@ -12,6 +12,7 @@ from collections.abc import Callable
 from types import FrameType
 
 from django.db import close_old_connections
+from prometheus_client import start_http_server
 
 from apps.occurrences.leases import LeaseSet
 
@@ -38,8 +39,14 @@ def run_leased_loop(
     unit: Callable[[], int],
     idle_sleep_s: float,
     once: bool = False,
+    metrics_port: int | None = None,
 ) -> None:
-    """Refresh leases every ttl/3, run `unit` (returns how much it did), sleep when idle."""
+    """Refresh leases every ttl/3, run `unit` (returns how much it did), sleep when idle.
+
+    With `metrics_port`, the process's Prometheus metrics are served on that port.
+    """
+    if metrics_port:
+        start_http_server(metrics_port, addr="127.0.0.1")
     stop = StopFlag()
     renew_every = max(leases.ttl_s / 3, 1.0)
     next_renew = 0.0

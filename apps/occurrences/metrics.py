@@ -37,3 +37,9 @@ stale_completions = Counter(
 attempts_finished = Counter("tick_attempts_finished_total", "Attempts finished", ["outcome"])
 retries_scheduled = Counter("tick_retries_total", "Retries scheduled through the outbox")
 dead_occurrences = Counter("tick_dead_total", "Occurrences that went DEAD (the DLQ)")
+
+# Create every lane's series up front: a lane with no traffic shows zeros, not a gap.
+for _lane in ("strict", "flexible", "catchup", "retry"):
+    schedule_lag_seconds.labels(lane=_lane)
+    occurrences_materialized.labels(lane=_lane)
+    published.labels(lane=_lane)

@@ -116,3 +116,12 @@ def test_interactive_docs_load_their_assets_locally(client):
     html = response.content.decode()
     assert "swagger-ui" in html
     assert "cdn.jsdelivr.net" not in html and "unpkg.com" not in html
+
+
+def test_metrics_endpoint_exports_ticks_delivery_metrics(client):
+    response = client.get("/metrics")
+
+    assert response.status_code == 200
+    text = response.content.decode()
+    assert "tick_schedule_lag_seconds_bucket" in text
+    assert "tick_duplicate_claims_total" in text

@@ -19,6 +19,7 @@ class Command(BaseCommand):
     help = "Materialize due schedules of the shards this process leases, until SIGTERM."
 
     def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--metrics-port", type=int, default=None)
         parser.add_argument("--once", action="store_true", help="one pass, then exit")
         parser.add_argument("--idle-sleep", type=float, default=1.0)
 
@@ -48,5 +49,9 @@ class Command(BaseCommand):
 
         log.info("materializer %s starting", leases.owner)
         run_leased_loop(
-            leases=leases, unit=unit, idle_sleep_s=options["idle_sleep"], once=options["once"]
+            leases=leases,
+            unit=unit,
+            idle_sleep_s=options["idle_sleep"],
+            once=options["once"],
+            metrics_port=options["metrics_port"],
         )

@@ -20,6 +20,7 @@ class Command(BaseCommand):
     help = "Publish due outbox rows of the shards this process leases to RabbitMQ."
 
     def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--metrics-port", type=int, default=None)
         parser.add_argument("--once", action="store_true", help="one step, then exit")
         parser.add_argument("--idle-sleep", type=float, default=0.1)
 
@@ -57,7 +58,11 @@ class Command(BaseCommand):
         log.info("relay %s starting", leases.owner)
         try:
             run_leased_loop(
-                leases=leases, unit=unit, idle_sleep_s=options["idle_sleep"], once=options["once"]
+                leases=leases,
+                unit=unit,
+                idle_sleep_s=options["idle_sleep"],
+                once=options["once"],
+                metrics_port=options["metrics_port"],
             )
         finally:
             publisher.close()
