@@ -103,8 +103,8 @@ def flexible_offset_s(occurrence_id: uuid.UUID, window_s: int) -> int:
 
 def _fires(row: _Row, after: datetime, until: datetime, limit: int) -> list[datetime]:
     """Instants of `row` in (after, until], at most `limit`, ascending."""
-    if row.end_at is not None and until > row.end_at:
-        until = row.end_at
+    if row.end_at is not None and until >= row.end_at:
+        until = row.end_at - ONE_MICROSECOND  # bounds are half-open: [start_at, end_at)
     if until <= after:
         return []
     if row.kind == Schedule.Kind.ONE_SHOT:

@@ -29,7 +29,9 @@ class ScheduleCreateSerializer(serializers.Serializer[Any]):
     name = serializers.CharField(max_length=200)
     kind = serializers.ChoiceField(choices=list(KIND_IN))
     expression = serializers.CharField(max_length=200, required=False, default="")
-    run_at = serializers.DateTimeField(required=False, allow_null=True, default=None)
+    # An instant with offset ("2026-03-08T09:30:00-05:00", "...Z") or a local wall time in
+    # time_zone ("2026-03-08T09:30"); resolved to UTC by timerules.resolve_one_shot.
+    run_at = serializers.CharField(max_length=64, required=False, allow_null=True, default=None)
     time_zone = serializers.CharField(max_length=64, default="UTC")
     precision = serializers.ChoiceField(
         choices=_lower_choices(Schedule.Precision), default="strict"
@@ -89,6 +91,12 @@ class ScheduleCreateSerializer(serializers.Serializer[Any]):
                     )
                 if attrs["run_at"] is None:
                     raise timerules.TimeRuleError("run_at", "A one-shot schedule needs run_at.")
+                attrs["run_at"] = timerules.resolve_one_shot(
+                    attrs["run_at"],
+                    attrs["time_zone"],
+                    dst_gap=attrs["dst_gap"],
+                    dst_fold=attrs["dst_fold"],
+                )
                 late = timezone.now() - attrs["run_at"]
                 if late > timedelta(seconds=attrs["max_lateness_s"]):
                     raise timerules.TimeRuleError(
@@ -166,6 +174,28 @@ class ScheduleSerializer(serializers.ModelSerializer[Schedule]):
             obj.expression, obj.time_zone, obj.next_run_at, 4,
             dst_gap=obj.dst_gap, dst_fold=obj.dst_fold,
         )  # fmt: skip
-        if obj.end_at is not None:
-            fires = [f for f in fires if f <= obj.end_at]
+        if obj.end_at is not None:  # bounds are half-open: [start_at, end_at)
+            fires = [f for f in fires if f < obj.end_at]
         return [f.isoformat() for f in fires]
+
+
+class PreviewQuerySerializer(serializers.Serializer[Any]):
+    count = serializers.IntegerField(min_value=1, max_value=100, default=10)
+
+
+class SchedulePreviewDraftSerializer(ScheduleCreateSerializer):
+    """A draft's timing fields, validated exactly as on create; name and handler optional."""
+
+    name = serializers.CharField(max_length=200, required=False, default="draft")
+    handler = serializers.CharField(max_length=100, required=False, default="record")
+    count = serializers.IntegerField(min_value=1, max_value=100, default=10)
+
+
+class PreviewEntrySerializer(serializers.Serializer[Any]):
+    at_utc = serializers.DateTimeField()
+    local_time = serializers.CharField()
+    local_wall = serializers.CharField()
+    utc_offset = serializers.CharField()
+    abbreviation = serializers.CharField()
+    note = serializers.CharField(allow_null=True)
+    notes = serializers.ListField(child=serializers.CharField())

@@ -75,13 +75,15 @@ def first_run_at(
     """The first instant to materialize for a new definition, or None if none remains."""
     if kind == Schedule.Kind.ONE_SHOT:
         return run_at
-    after = now if start_at is None or start_at <= now else start_at - timedelta(microseconds=1)
-    fires = timerules.next_fire_times(
-        expression, time_zone, after, 1, dst_gap=dst_gap, dst_fold=dst_fold
+    return timerules.next_fire_time(
+        expression,
+        time_zone,
+        now,
+        dst_gap=dst_gap,
+        dst_fold=dst_fold,
+        start_at=start_at,
+        end_at=end_at,
     )
-    if not fires or (end_at is not None and fires[0] > end_at):
-        return None
-    return fires[0]
 
 
 def _definition(schedule: Schedule) -> dict[str, Any]:
@@ -154,3 +156,56 @@ def schedule_create(*, tenant: Tenant, spec: ScheduleSpec, actor: str) -> Schedu
         detail={"next_run_at": next_run_at.isoformat() if next_run_at else None},
     )
     return schedule
+
+
+def schedule_preview(
+    *,
+    kind: str,
+    expression: str,
+    run_at: datetime | None,
+    time_zone: str,
+    dst_gap: str,
+    dst_fold: str,
+    start_at: datetime | None,
+    end_at: datetime | None,
+    after: datetime,
+    count: int,
+) -> list[timerules.PreviewEntry]:
+    """The next `count` fires after `after` (UTC and local, with DST notes)."""
+    if kind == Schedule.Kind.ONE_SHOT:
+        if run_at is None or run_at <= after:
+            return []
+        return [timerules.preview_one_shot(run_at, time_zone)]
+    return timerules.preview(
+        expression,
+        time_zone,
+        after,
+        count,
+        dst_gap=dst_gap,
+        dst_fold=dst_fold,
+        start_at=start_at,
+        end_at=end_at,
+    )
+
+
+def schedule_preview_saved(
+    *, schedule: Schedule, count: int, now: datetime
+) -> list[timerules.PreviewEntry]:
+    """Preview of a saved schedule: from its next unmaterialized instant (or now)."""
+    if schedule.state in (Schedule.State.CANCELED, Schedule.State.COMPLETED):
+        return []
+    after = now
+    if schedule.next_run_at is not None and schedule.next_run_at <= now:
+        after = schedule.next_run_at - timedelta(microseconds=1)
+    return schedule_preview(
+        kind=schedule.kind,
+        expression=schedule.expression,
+        run_at=schedule.run_at,
+        time_zone=schedule.time_zone,
+        dst_gap=schedule.dst_gap,
+        dst_fold=schedule.dst_fold,
+        start_at=schedule.start_at,
+        end_at=schedule.end_at,
+        after=after,
+        count=count,
+    )
