@@ -116,8 +116,15 @@ class Publisher:
 
     # -- publishing ------------------------------------------------------------------------
     def _message(self, out: OutgoingMessage) -> amqp.Message:
+        # argsrepr/kwargsrepr given: Celery would otherwise saferepr() every message.
         task = self.celery_app.amqp.as_task_v2(
-            out.task_id, TASK_NAME, args=(), kwargs=out.kwargs, origin=self.origin
+            out.task_id,
+            TASK_NAME,
+            args=(),
+            kwargs=out.kwargs,
+            origin=self.origin,
+            argsrepr="()",
+            kwargsrepr=f"{{'occurrence_id': '{out.task_id}'}}",
         )
         content_type, content_encoding, body = dumps(task.body, serializer="json")
         headers = dict(task.headers)
