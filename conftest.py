@@ -18,9 +18,9 @@ from apps.tenants.services import api_key_create, membership_grant, tenant_creat
 @pytest.fixture(autouse=True)
 def _forget_partitions() -> Iterator[None]:
     # Test transactions roll back partition DDL too; the per-process cache must not lie.
-    partitions._known_days.clear()
+    partitions.partitions_forget()
     yield
-    partitions._known_days.clear()
+    partitions.partitions_forget()
 
 
 @pytest.fixture

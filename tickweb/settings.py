@@ -133,7 +133,7 @@ TICK_QUEUE_PREFIX = env_str("TICK_QUEUE_PREFIX", "tick")
 # How far ahead the materializer writes occurrences (seconds). Covers a lease failover
 # (TTL) plus the queue-write budget; short enough that updates supersede few rows.
 TICK_PLANNING_WINDOW_S = env_int("TICK_PLANNING_WINDOW_S", 120)
-TICK_MATERIALIZE_BATCH = env_int("TICK_MATERIALIZE_BATCH", 1000)
+TICK_MATERIALIZE_BATCH = env_int("TICK_MATERIALIZE_BATCH", 2000)
 # Upper bound on occurrences written for one schedule in one pass (bounds a tight cron).
 TICK_MAX_FIRES_PER_PASS = env_int("TICK_MAX_FIRES_PER_PASS", 200)
 # Misfire bookkeeping: at most this many MISSED rows per schedule per recovery pass.
@@ -148,6 +148,21 @@ TICK_RETRY_CAP_S = env_int("TICK_RETRY_CAP_S", 600)
 TICK_PARTITION_DAYS_AHEAD = env_int("TICK_PARTITION_DAYS_AHEAD", 7)
 TICK_RETENTION_DAYS = env_int("TICK_RETENTION_DAYS", 30)
 
+# --- execution (issue 6) ----------------------------------------------------------------
+# No retry is scheduled later than this after scheduled_for (or after a DLQ replay).
+TICK_RETRY_DEADLINE_S = env_int("TICK_RETRY_DEADLINE_S", 86_400)
+# Over-quota claims (Tenant.max_running) are re-queued this much later (plus jitter).
+TICK_QUOTA_DELAY_S = env_int("TICK_QUOTA_DELAY_S", 2)
+# QUEUE_ONE: a WAITING occurrence re-checks this often even if no completion wakes it.
+TICK_OVERLAP_RECHECK_S = env_int("TICK_OVERLAP_RECHECK_S", 30)
+# How far back overlap checks look for a RUNNING/WAITING occurrence of the schedule.
+TICK_OVERLAP_LOOKBACK_S = env_int("TICK_OVERLAP_LOOKBACK_S", 2 * 86_400)
+# Webhook handler: timeouts, and the operator's SSRF allowlist (CIDRs and/or host names,
+# comma-separated). Empty = only public unicast addresses are reachable.
+TICK_WEBHOOK_CONNECT_TIMEOUT_S = float(env_str("TICK_WEBHOOK_CONNECT_TIMEOUT_S", "5"))
+TICK_WEBHOOK_READ_TIMEOUT_S = float(env_str("TICK_WEBHOOK_READ_TIMEOUT_S", "30"))
+TICK_WEBHOOK_ALLOWLIST = env_list("TICK_WEBHOOK_ALLOWLIST", [])
+
 # --- Celery -----------------------------------------------------------------------------
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "amqp://guest:guest@127.0.0.1:5672//")
 CELERY_RESULT_BACKEND = "django-db"
@@ -158,7 +173,11 @@ CELERY_ACCEPT_CONTENT = ["json"]
 # (the claim then drops it as a duplicate, and the lease reaper recovers the occurrence).
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
-CELERY_WORKER_PREFETCH_MULTIPLIER = env_int("CELERY_WORKER_PREFETCH_MULTIPLIER", 4)
+# Handlers can run for hours: a worker reserves one message per pool slot, no more (issue 6).
+CELERY_WORKER_PREFETCH_MULTIPLIER = env_int("CELERY_WORKER_PREFETCH_MULTIPLIER", 1)
+# JSON only, results too: a pickled message is refused before it is deserialized (issue 6).
+CELERY_RESULT_SERIALIZER = "json"
+CELERY_RESULT_ACCEPT_CONTENT = ["json"]
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 

@@ -76,13 +76,13 @@ def _create_schedules(tenant_ids: list[uuid.UUID], count: int, instant: datetime
                  start_at, end_at, precision, flexible_window_s, misfire_policy,
                  max_lateness_s, catchup_limit, overlap_policy, handler, payload, version,
                  state, next_run_at, shard, created_at, updated_at)
-            SELECT s.id, s.tenant_id, 'bench', 'CRON', '* * * * *', NULL, 'UTC', 'skip',
-                   'first', NULL, %s, 'STRICT', 0, 'FIRE_ONCE', 60, 0, 'ALLOW', 'record',
+            SELECT s.id, s.tenant_id, 'bench', 'CRON', %s, NULL, 'UTC', 'skip',
+                   'first', NULL, NULL, 'STRICT', 0, 'FIRE_ONCE', 60, 0, 'ALLOW', 'record',
                    '{}'::jsonb, 1, 'ACTIVE', %s, s.shard, now(), now()
             FROM unnest(%s::uuid[], %s::uuid[], %s::int[]) AS s(id, tenant_id, shard)
             """,
             [
-                instant + timedelta(seconds=1),
+                f"{instant.minute} {instant.hour} {instant.day} {instant.month} *",
                 instant,
                 ids,
                 [tenant_ids[i % len(tenant_ids)] for i in range(count)],

@@ -26,9 +26,10 @@ from typing import Any
 from django.db import connection, transaction
 
 from apps.occurrences import metrics
+from apps.occurrences.bulk import array_literal
 from apps.occurrences.leases import LeaseSet
 from apps.occurrences.models import Lane, Occurrence, occurrence_id_for
-from apps.occurrences.partitions import _known_days, partitions_ensure
+from apps.occurrences.partitions import partitions_ensure, partitions_missing
 from apps.schedules import timerules
 from apps.schedules.models import Schedule, ScheduleEvent
 
@@ -255,28 +256,53 @@ def _materialize_batch(
             return result
         result.schedules = len(rows)
 
-        cols: dict[str, list[Any]] = {k: [] for k in (
-            "id", "at", "schedule", "version", "tenant", "lane", "state", "available", "shard"
-        )}  # fmt: skip
-        advance: dict[str, list[Any]] = {k: [] for k in ("id", "version", "old", "next", "state")}
+        # Columns are built as text: one array literal per column (apps/occurrences/bulk.py).
+        cols: dict[str, list[str]] = {k: [] for k in _COLUMNS}
+        advance: dict[str, list[str]] = {k: [] for k in ("id", "version", "old", "next", "state")}
         events: list[ScheduleEvent] = []
+        # Schedules sharing a rule and a next_run_at share a plan: at the top of an hour most
+        # of a batch does, so each distinct plan is computed once per batch.
+        plans: dict[tuple[Any, ...], _Plan] = {}
+        text = _TextCache()
         for row in rows:
-            plan = _plan(row, now, horizon, config)
+            key = (row.kind, row.expression, row.time_zone, row.dst_gap, row.dst_fold,
+                   row.next_run_at, row.precision, row.misfire_policy, row.max_lateness_s,
+                   row.catchup_limit, row.end_at)  # fmt: skip
+            plan = plans.get(key)
+            if plan is None:
+                plan = plans[key] = _plan(row, now, horizon, config)
+            schedule_id, tenant_id = str(row.id), str(row.tenant_id)
+            version, shard = str(row.version), str(row.shard)
             for instant, lane in plan.fire:
                 occ_id = occurrence_id_for(row.id, row.version, instant)
                 available = instant
                 if lane == Lane.FLEXIBLE:
                     available += timedelta(seconds=flexible_offset_s(occ_id, row.flexible_window_s))
-                _append(cols, occ_id, instant, row, lane, Occurrence.State.SCHEDULED, available)
+                cols["id"].append(str(occ_id))
+                cols["at"].append(text.instant(instant))
+                cols["schedule"].append(schedule_id)
+                cols["version"].append(version)
+                cols["tenant"].append(tenant_id)
+                cols["lane"].append(lane)
+                cols["state"].append(Occurrence.State.SCHEDULED)
+                cols["available"].append(text.instant(available))
+                cols["shard"].append(shard)
                 result.lanes[lane] += 1
             for instant in plan.missed:
-                occ_id = occurrence_id_for(row.id, row.version, instant)
-                _append(cols, occ_id, instant, row, Lane.CATCHUP, Occurrence.State.MISSED, instant)
+                cols["id"].append(str(occurrence_id_for(row.id, row.version, instant)))
+                cols["at"].append(text.instant(instant))
+                cols["schedule"].append(schedule_id)
+                cols["version"].append(version)
+                cols["tenant"].append(tenant_id)
+                cols["lane"].append(Lane.CATCHUP)
+                cols["state"].append(Occurrence.State.MISSED)
+                cols["available"].append(text.instant(instant))
+                cols["shard"].append(shard)
             state = Schedule.State.ACTIVE if plan.next_run_at else Schedule.State.COMPLETED
-            advance["id"].append(row.id)
-            advance["version"].append(row.version)
-            advance["old"].append(row.next_run_at)
-            advance["next"].append(plan.next_run_at)
+            advance["id"].append(schedule_id)
+            advance["version"].append(version)
+            advance["old"].append(text.instant(row.next_run_at))
+            advance["next"].append(text.instant(plan.next_run_at))
             advance["state"].append(state)
             if plan.missed_total:
                 result.missed += plan.missed_total
@@ -291,21 +317,19 @@ def _materialize_batch(
                 result.completed += 1
                 events.append(_event(row, ScheduleEvent.Kind.COMPLETED, now, {}))
 
-        missing = {d for d in (at.astimezone(UTC).date() for at in cols["at"])} - _known_days
+        missing = partitions_missing(text.days())
         if missing:
             raise _NeedPartitions(missing)
         if cols["id"]:
-            cursor.execute(_INSERT_OCCURRENCES, [
-                cols["id"], cols["at"], cols["schedule"], cols["version"], cols["tenant"],
-                cols["lane"], cols["state"], cols["available"], cols["shard"], now, now, now,
-            ])  # fmt: skip
+            cursor.execute(
+                _INSERT_OCCURRENCES, [*(array_literal(cols[k]) for k in _COLUMNS), now, now, now]
+            )
             counts = cursor.fetchone()
             assert counts is not None
             result.inserted, result.outboxed = int(counts[0]), int(counts[1])
             result.conflicts = len(cols["id"]) - result.inserted
         cursor.execute(_ADVANCE, [
-            now, advance["id"], advance["version"], advance["old"], advance["next"],
-            advance["state"],
+            now, *(array_literal(advance[k]) for k in ("id", "version", "old", "next", "state")),
         ])  # fmt: skip
         if events:
             ScheduleEvent.objects.bulk_create(events)
@@ -316,24 +340,23 @@ def _materialize_batch(
     return result
 
 
-def _append(
-    cols: dict[str, list[Any]],
-    occ_id: uuid.UUID,
-    instant: datetime,
-    row: _Row,
-    lane: str,
-    state: str,
-    available: datetime,
-) -> None:
-    cols["id"].append(occ_id)
-    cols["at"].append(instant)
-    cols["schedule"].append(row.id)
-    cols["version"].append(row.version)
-    cols["tenant"].append(row.tenant_id)
-    cols["lane"].append(lane)
-    cols["state"].append(state)
-    cols["available"].append(available)
-    cols["shard"].append(row.shard)
+_COLUMNS = ("id", "at", "schedule", "version", "tenant", "lane", "state", "available", "shard")
+
+
+class _TextCache:
+    """ISO text of instants, formatted once per distinct instant in a batch."""
+
+    def __init__(self) -> None:
+        self._text: dict[datetime | None, str] = {None: "NULL"}
+
+    def instant(self, value: datetime | None) -> str:
+        found = self._text.get(value)
+        if found is None:
+            found = self._text[value] = value.astimezone(UTC).isoformat()  # type: ignore[union-attr]
+        return found
+
+    def days(self) -> set[date]:
+        return {value.astimezone(UTC).date() for value in self._text if value is not None}
 
 
 def _event(row: _Row, kind: str, now: datetime, detail: dict[str, Any]) -> ScheduleEvent:

@@ -47,12 +47,19 @@ class Occurrence(models.Model):
         CANCELED = "CANCELED", "Canceled"
         SUPERSEDED = "SUPERSEDED", "Superseded"
         SKIPPED_OVERLAP = "SKIPPED_OVERLAP", "Skipped (overlap)"
+        # QUEUE_ONE: parked behind a RUNNING occurrence of the same schedule (issue 6).
+        WAITING = "WAITING", "Waiting (overlap)"
 
     pk = models.CompositePrimaryKey("id", "scheduled_for")
     id = models.UUIDField()
     scheduled_for = models.DateTimeField()
+    # No database FK: a per-row RI check cost the materializer ~half its insert time, and
+    # schedules are never deleted (cancel keeps them), so it guarded nothing real.
     schedule = models.ForeignKey(
-        "schedules.Schedule", on_delete=models.PROTECT, related_name="occurrences"
+        "schedules.Schedule",
+        on_delete=models.PROTECT,
+        db_constraint=False,
+        related_name="occurrences",
     )
     schedule_version = models.PositiveIntegerField()
     tenant = models.ForeignKey(
@@ -67,6 +74,13 @@ class Occurrence(models.Model):
     attempt_count = models.PositiveIntegerField(default=0)
     created_at = models.DateTimeField()
     finished_at = models.DateTimeField(null=True, blank=True)
+    # Execution (issue 6). db_default: the materializer inserts rows with raw SQL.
+    # Attempts made before the last DLQ replay; max attempts counts from here.
+    attempt_base = models.PositiveIntegerField(default=0, db_default=0)
+    # No retry is scheduled after this instant; NULL = scheduled_for + TICK_RETRY_DEADLINE_S.
+    deadline_at = models.DateTimeField(null=True, blank=True)
+    # Cooperative cancel of a RUNNING occurrence: the heartbeat sets the handler's flag.
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         managed = True
@@ -93,6 +107,7 @@ class Attempt(models.Model):
         RETRY = "RETRY", "Failed, will retry"
         FAILED = "FAILED", "Failed permanently"
         LEASE_EXPIRED = "LEASE_EXPIRED", "Lease expired"
+        CANCELED = "CANCELED", "Canceled while running"
 
     pk = models.CompositePrimaryKey("id", "scheduled_for")
     id = models.UUIDField(default=uuid.uuid4)
@@ -199,3 +214,23 @@ class HandlerEffect(models.Model):
 
     def __str__(self) -> str:
         return f"effect of {self.occurrence_id} x{self.deliveries}"
+
+
+class RetryBudget(models.Model):
+    """A tenant's retries in one fixed UTC hour (issue 6): `attempt_complete` increments
+    `used` with a conditional upsert and sends the occurrence DEAD once the tenant's
+    `retry_budget_per_hour` is spent. Old windows are deleted by the reaper."""
+
+    tenant_id = models.UUIDField()
+    window_start = models.DateTimeField()
+    used = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant_id", "window_start"], name="retry_budget_window_uniq"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"retries of {self.tenant_id} from {self.window_start.isoformat()}: {self.used}"

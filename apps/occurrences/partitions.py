@@ -63,6 +63,16 @@ def partitions_ensure(days: Iterable[date]) -> list[str]:
     return created
 
 
+def partitions_missing(days: Iterable[date]) -> set[date]:
+    """Days not known to have partitions in this process (cheap: no query)."""
+    return set(days) - _known_days
+
+
+def partitions_forget() -> None:
+    """Drop the per-process cache (tests roll partition DDL back with their transaction)."""
+    _known_days.clear()
+
+
 def partitions_ensure_for_range(start: datetime, end: datetime) -> list[str]:
     first, last = start.astimezone(UTC).date(), end.astimezone(UTC).date()
     return partitions_ensure(first + timedelta(days=n) for n in range((last - first).days + 1))
