@@ -21,15 +21,16 @@ from urllib.parse import unquote, urlparse
 import amqp
 from kombu.serialization import dumps
 
-from apps.occurrences.queues import LANES, QUEUE_ARGUMENTS, TASK_NAME, exchange_name, queue_name
+from apps.occurrences.queues import LANES, QUEUE_ARGUMENTS, exchange_name, queue_name
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class OutgoingMessage:
-    key: int  # caller's id for the message (the outbox row id)
+    keys: tuple[int, ...]  # the caller's ids for what the message carries (outbox row ids)
     queue: str
+    task_name: str
     task_id: str
     kwargs: dict[str, Any]
 
@@ -49,7 +50,10 @@ class Publisher:
         self.origin = f"relay@{socket.gethostname()}"
         self._conn: amqp.Connection | None = None
         self._channel: Any = None
-        self._acked: dict[int, bool | None] = {}
+        # Confirm bookkeeping for the publish in progress: outcome per delivery tag, and the
+        # highest tag settled by a `multiple` ack/nack, so each tag is settled once (O(n)).
+        self._outcome: dict[int, tuple[bool, datetime]] = {}
+        self._settled_floor = 0
         self._returned: set[str] = set()
         self._next_tag = 1
 
@@ -97,11 +101,13 @@ class Publisher:
 
     # -- confirm callbacks -----------------------------------------------------------------
     def _settle(self, tag: int, multiple: bool, ok: bool) -> None:
+        settled = (ok, datetime.now(UTC))  # enqueued_at: when the broker confirmed
         if multiple:
-            for pending in [t for t, v in self._acked.items() if t <= tag and v is None]:
-                self._acked[pending] = ok
-        elif tag in self._acked:
-            self._acked[tag] = ok
+            for pending in range(self._settled_floor + 1, tag + 1):
+                self._outcome.setdefault(pending, settled)
+            self._settled_floor = max(self._settled_floor, tag)
+        else:
+            self._outcome.setdefault(tag, settled)
 
     def _on_ack(self, tag: int, multiple: bool) -> None:
         self._settle(tag, multiple, True)
@@ -119,12 +125,12 @@ class Publisher:
         # argsrepr/kwargsrepr given: Celery would otherwise saferepr() every message.
         task = self.celery_app.amqp.as_task_v2(
             out.task_id,
-            TASK_NAME,
+            out.task_name,
             args=(),
             kwargs=out.kwargs,
             origin=self.origin,
             argsrepr="()",
-            kwargsrepr=f"{{'occurrence_id': '{out.task_id}'}}",
+            kwargsrepr=f"{{'occurrences': {len(out.keys)}}}",
         )
         content_type, content_encoding, body = dumps(task.body, serializer="json")
         headers = dict(task.headers)
@@ -139,42 +145,55 @@ class Publisher:
             priority=0,
         )
 
+    def prepare(self, messages: Sequence[OutgoingMessage]) -> list[tuple[OutgoingMessage, Any]]:
+        """Serialise messages ahead of their instant, so publishing then is only I/O."""
+        return [(out, self._message(out)) for out in messages]
+
     def publish(
         self, messages: Sequence[OutgoingMessage], *, timeout_s: float = 10.0
     ) -> PublishResult:
         """Publish all `messages` with confirms in flight; wait for every confirm.
 
         A message counts as enqueued only if the broker acked it and did not return it as
-        unroutable. Anything else is reported failed and stays in the outbox.
+        unroutable. Anything else is reported failed (for every key it carries) and stays in
+        the outbox.
         """
         if self._conn is None:
             self.connect()
         try:
-            return self._publish(messages, timeout_s)
+            return self._publish(self.prepare(messages), timeout_s)
         except Exception:
             # The connection's state is unknown: drop it; the caller's rows stay unrecorded.
             self.close()
             raise
 
-    def _publish(self, messages: Sequence[OutgoingMessage], timeout_s: float) -> PublishResult:
+    def publish_prepared(
+        self, prepared: list[tuple[OutgoingMessage, Any]], *, timeout_s: float = 10.0
+    ) -> PublishResult:
+        """`publish` for messages from `prepare`."""
+        if self._conn is None:
+            self.connect()
+        try:
+            return self._publish(prepared, timeout_s)
+        except Exception:
+            self.close()
+            raise
+
+    def _publish(
+        self, prepared: list[tuple[OutgoingMessage, Any]], timeout_s: float
+    ) -> PublishResult:
+        messages = [out for out, _ in prepared]
         channel = self._channel
         exchange = exchange_name(self.prefix)
-        tags: dict[int, OutgoingMessage] = {}
-        self._acked = {}
+        first_tag = self._next_tag
+        self._outcome = {}
+        self._settled_floor = first_tag - 1
         self._returned = set()
-        for out in messages:
-            tag = self._next_tag
-            self._next_tag += 1
-            self._acked[tag] = None
-            tags[tag] = out
-            channel.basic_publish(
-                self._message(out), exchange=exchange, routing_key=out.queue, mandatory=True
-            )
-        confirmed: dict[int, datetime] = {}
-        failed: dict[int, str] = {}
+        for out, message in prepared:
+            channel.basic_publish(message, exchange=exchange, routing_key=out.queue, mandatory=True)
+        self._next_tag = first_tag + len(messages)
         deadline = time.monotonic() + timeout_s
-        pending = set(tags)
-        while pending:
+        while len(self._outcome) < len(messages):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
@@ -182,19 +201,23 @@ class Publisher:
                 self._conn.drain_events(timeout=min(remaining, 1.0))  # type: ignore[union-attr]
             except TimeoutError:
                 pass
-            now = datetime.now(UTC)
-            for tag in [t for t in pending if self._acked[t] is not None]:
-                pending.discard(tag)
-                out = tags[tag]
-                if not self._acked[tag]:
-                    failed[out.key] = "nacked by broker"
-                elif out.task_id in self._returned:
-                    failed[out.key] = "unroutable (returned)"
-                else:
-                    confirmed[out.key] = now
-        for tag in pending:
-            failed[tags[tag].key] = "no confirm before timeout"
-        if pending:
+        confirmed: dict[int, datetime] = {}
+        failed: dict[int, str] = {}
+        for offset, out in enumerate(messages):
+            outcome = self._outcome.get(first_tag + offset)
+            if outcome is None:
+                reason = "no confirm before timeout"
+            elif not outcome[0]:
+                reason = "nacked by broker"
+            elif out.task_id in self._returned:
+                reason = "unroutable (returned)"
+            else:
+                for key in out.keys:
+                    confirmed[key] = outcome[1]
+                continue
+            for key in out.keys:
+                failed[key] = reason
+        if len(self._outcome) < len(messages):
             # Unconfirmed messages may still arrive later: the channel's state is unknown,
             # so start afresh; the rows stay in the outbox and are republished (same ids).
             self.close()

@@ -113,3 +113,18 @@ class LeaseSet:
                 [list(self.held), list(self.held.values()), self.role, self.owner],
             )
             return sorted(row[0] for row in cursor.fetchall())
+
+
+def relay_shard_barrier(shard: int) -> None:
+    """Wait for the relay step in flight on `shard`, and hold off the next one, until the
+    caller's transaction ends.
+
+    For schedule changes that remove outbox rows (update, pause, cancel): the relay reads
+    outbox rows without row locks under its FOR SHARE lease fence, so taking the shard's
+    relay lease row FOR UPDATE is what makes "not yet published" a stable fact until commit.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT 1 FROM occurrences_shardlease WHERE role = 'relay' AND shard = %s FOR UPDATE",
+            [shard],
+        )

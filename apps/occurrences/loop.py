@@ -40,10 +40,12 @@ def run_leased_loop(
     idle_sleep_s: float,
     once: bool = False,
     metrics_port: int | None = None,
+    before_release: Callable[[], None] | None = None,
 ) -> None:
     """Refresh leases every ttl/3, run `unit` (returns how much it did), sleep when idle.
 
-    With `metrics_port`, the process's Prometheus metrics are served on that port.
+    With `metrics_port`, the process's Prometheus metrics are served on that port;
+    `before_release` runs at shutdown while the leases are still held (to finish fenced work).
     """
     if metrics_port:
         start_http_server(metrics_port, addr="127.0.0.1")
@@ -68,6 +70,8 @@ def run_leased_loop(
             if done == 0:
                 time.sleep(idle_sleep_s)
     finally:
+        if before_release is not None:
+            before_release()
         try:
             leases.release()
         except Exception:  # noqa: BLE001 - best effort at shutdown; leases expire anyway

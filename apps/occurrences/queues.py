@@ -13,8 +13,14 @@ from typing import Final
 from kombu import Exchange, Queue
 
 LANES: Final = ("strict", "flexible", "catchup", "retry")
-QUEUE_ARGUMENTS: Final = {"x-queue-type": "quorum"}
+# x-delivery-limit: a message redelivered this often (e.g. it crashes every worker) is
+# dropped by RabbitMQ instead of looping; the outbox/reaper still owns the occurrence.
+# Queues declared earlier with other arguments fail with PRECONDITION_FAILED: delete them.
+QUEUE_ARGUMENTS: Final = {"x-queue-type": "quorum", "x-delivery-limit": 10}
 TASK_NAME: Final = "tick.run_occurrence"
+# One message carrying several occurrences due at the same instant for the same tenant and
+# lane (bursts); each occurrence is still claimed, run and completed on its own.
+ENVELOPE_TASK_NAME: Final = "tick.run_occurrences"
 
 
 def exchange_name(prefix: str) -> str:

@@ -33,6 +33,7 @@ def relay_config(prefix: str) -> RelayConfig:
     return RelayConfig(
         lookahead_ms=500,
         batch_size=2000,
+        envelope_max=50,
         prefix=prefix,
         partitions=settings.TICK_TENANT_PARTITIONS,
     )

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
-from datetime import timedelta
+import uuid
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.conf import settings
@@ -13,7 +15,7 @@ from apps.occurrences.broker import Publisher
 from apps.occurrences.materializer import materialize_pass
 from apps.occurrences.models import DispatchOutbox, Occurrence, ShardLease
 from apps.occurrences.queues import queue_name, tenant_partition
-from apps.occurrences.relay import relay_step
+from apps.occurrences.relay import OutboxRow, Recorder, build_messages, relay_step
 from apps.occurrences.tests.helpers import leases, materialize_config, relay_config
 from apps.schedules.models import Schedule
 from apps.schedules.tests.factories import make_schedule
@@ -105,19 +107,104 @@ def test_rows_not_yet_available_are_not_published_early(tenant_a, queue_prefix, 
     assert Occurrence.objects.get().state == Occurrence.State.SCHEDULED
 
 
-def test_tenants_are_interleaved_within_an_instant():
-    import uuid
-    from datetime import UTC, datetime
-
-    from apps.occurrences.relay import _OutboxRow, interleave_tenants
-
-    at = datetime(2026, 12, 2, tzinfo=UTC)
-    a, b = uuid.uuid4(), uuid.uuid4()
-    rows = [
-        _OutboxRow(i, uuid.uuid4(), at, uuid.uuid4(), 1, tenant, "strict", at)
-        for i, tenant in enumerate([a, a, a, a, b, b])
+def _rows(tenants, at):
+    return [
+        OutboxRow(i, str(uuid.uuid4()), at, str(uuid.uuid4()), 1, tenant, "strict", at, 0)
+        for i, tenant in enumerate(tenants)
     ]
 
-    ordered = [row.tenant_id for row in interleave_tenants(rows)]
 
-    assert ordered == [a, b, a, b, a, a]
+def test_a_burst_travels_in_per_tenant_envelopes_and_tenants_take_turns(queue_prefix):
+    at = datetime(2026, 12, 2, tzinfo=UTC)
+    a, b = str(uuid.uuid4()), str(uuid.uuid4())
+    rows = _rows([a, a, a, a, a, b, b], at)
+    config = replace(relay_config(queue_prefix), envelope_max=2)
+
+    [messages] = build_messages(rows, config)
+
+    # a: 5 rows -> envelopes of 2, 2, 1; b: 2 rows -> one envelope; turns alternate.
+    carried = [[rows[k].tenant_id for k in m.keys] for m in messages]
+    assert carried == [[a, a], [b, b], [a, a], [a]]
+    assert [m.task_name for m in messages] == [
+        "tick.run_occurrences", "tick.run_occurrences", "tick.run_occurrences",
+        "tick.run_occurrence",
+    ]  # fmt: skip
+    assert sorted(k for m in messages for k in m.keys) == list(range(7))
+    envelope = messages[0].kwargs["occurrences"]
+    assert [item["occurrence_id"] for item in envelope] == [rows[0].occurrence_id,
+                                                             rows[1].occurrence_id]  # fmt: skip
+
+
+def test_rows_due_at_different_instants_are_published_in_instant_order(queue_prefix):
+    t0 = datetime(2026, 12, 2, tzinfo=UTC)
+    late = _rows([str(uuid.uuid4())], t0 + timedelta(seconds=1))
+    early = _rows([str(uuid.uuid4())], t0)
+
+    groups = build_messages(late + early, relay_config(queue_prefix))
+
+    assert [g[0].kwargs["occurrence_id"] for g in groups] == [
+        early[0].occurrence_id,
+        late[0].occurrence_id,
+    ]
+
+
+def test_envelope_of_a_burst_reaches_the_queue_and_every_row_is_recorded(
+    tenant_a, queue_prefix, publisher
+):
+    # given: three one-shots of one tenant due at the same instant
+    run_at = timezone.now() - timedelta(seconds=1)
+    for _ in range(3):
+        make_schedule(
+            tenant_a, kind=Schedule.Kind.ONE_SHOT, expression="", run_at=run_at,
+            next_run_at=run_at,
+        )  # fmt: skip
+    materialize_pass(leases=leases(), now=timezone.now(), config=materialize_config())
+
+    # when
+    result = relay_step(
+        leases=leases(ShardLease.Role.RELAY), publisher=publisher, config=relay_config(queue_prefix)
+    )
+
+    # then: one message carries all three; each occurrence has its own enqueued_at
+    assert (result.published, result.messages) == (3, 1)
+    assert set(Occurrence.objects.values_list("state", flat=True)) == {"ENQUEUED"}
+    assert not DispatchOutbox.objects.exists()
+    queue = queue_name(queue_prefix, "strict", tenant_partition(tenant_a.id, 4))
+    message = publisher._channel.basic_get(queue, no_ack=True)
+    assert message.headers["task"] == "tick.run_occurrences"
+    _args, kwargs, _embed = json.loads(message.body)
+    assert sorted(i["occurrence_id"] for i in kwargs["occurrences"]) == sorted(
+        str(i) for i in Occurrence.objects.values_list("id", flat=True)
+    )
+
+
+@pytest.mark.django_db(transaction=True)  # the recorder thread has its own connection
+def test_recorder_thread_records_and_the_next_step_skips_rows_in_flight(
+    tenant_a, queue_prefix, publisher
+):
+    # given: one due occurrence, and a recorder that has not run yet
+    _, occurrence = _due_one_shot(tenant_a)
+    relay_leases = leases(ShardLease.Role.RELAY)
+    recorder = Recorder(relay_leases)
+
+    first = relay_step(
+        leases=relay_leases, publisher=publisher, config=relay_config(queue_prefix),
+        recorder=recorder,
+    )  # fmt: skip
+    # the row is confirmed but not recorded: a second step must not publish it again
+    second = relay_step(
+        leases=relay_leases, publisher=publisher, config=relay_config(queue_prefix),
+        recorder=recorder,
+    )  # fmt: skip
+    assert (first.published, second.claimed) == (1, 0)
+    assert DispatchOutbox.objects.count() == 1
+
+    # when: the recorder runs
+    recorder.start()
+    recorder.stop()
+
+    # then
+    occurrence.refresh_from_db()
+    assert occurrence.state == Occurrence.State.ENQUEUED
+    assert DispatchOutbox.objects.count() == 0
+    assert recorder.inflight_ids() == []

@@ -10,7 +10,7 @@ from apps.occurrences.broker import Publisher
 from apps.occurrences.leases import LeaseSet
 from apps.occurrences.loop import process_owner, run_leased_loop
 from apps.occurrences.models import ShardLease
-from apps.occurrences.relay import RelayConfig, relay_step
+from apps.occurrences.relay import Recorder, RelayConfig, relay_step
 from tickweb.celery import app as celery_app
 
 log = logging.getLogger("tick.relay")
@@ -36,6 +36,7 @@ class Command(BaseCommand):
             batch_size=settings.TICK_RELAY_BATCH,
             prefix=settings.TICK_QUEUE_PREFIX,
             partitions=settings.TICK_TENANT_PARTITIONS,
+            envelope_max=settings.TICK_RELAY_ENVELOPE_MAX,
         )
         publisher = Publisher(
             settings.CELERY_BROKER_URL,
@@ -44,14 +45,18 @@ class Command(BaseCommand):
             celery_app=celery_app,
         )
         publisher.connect()
+        recorder = Recorder(leases)
+        recorder.start()
 
         def unit() -> int:
-            result = relay_step(leases=leases, publisher=publisher, config=config)
+            result = relay_step(
+                leases=leases, publisher=publisher, config=config, recorder=recorder
+            )
             if result.claimed:
                 worst = max(result.lags, default=0.0)
                 log.info(
-                    "relayed %d of %d (failed %d), max lag %.3fs",
-                    result.published, result.claimed, result.failed, worst,
+                    "relayed %d of %d in %d messages (failed %d), max lag %.3fs",
+                    result.published, result.claimed, result.messages, result.failed, worst,
                 )  # fmt: skip
             return result.claimed
 
@@ -63,6 +68,8 @@ class Command(BaseCommand):
                 idle_sleep_s=options["idle_sleep"],
                 once=options["once"],
                 metrics_port=options["metrics_port"],
+                # Record what was confirmed while the shards are still ours.
+                before_release=recorder.stop,
             )
         finally:
             publisher.close()
