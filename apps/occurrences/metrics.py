@@ -43,3 +43,30 @@ for _lane in ("strict", "flexible", "catchup", "retry"):
     schedule_lag_seconds.labels(lane=_lane)
     occurrences_materialized.labels(lane=_lane)
     published.labels(lane=_lane)
+
+# --- execution (issue 6) ----------------------------------------------------------------
+overlap_skips = Counter(
+    "tick_overlap_skipped_total", "Occurrences SKIPPED_OVERLAP at claim", ["policy"]
+)
+overlap_waits = Counter(
+    "tick_overlap_waiting_total", "Claims parked (QUEUE_ONE WAITING) or delayed by overlap"
+)
+quota_delays = Counter(
+    "tick_quota_delayed_total", "Claims delayed through the outbox by Tenant.max_running"
+)
+retries_refused = Counter(
+    "tick_retries_refused_total",
+    "Transient failures sent DEAD instead of retried",
+    ["reason"],  # attempts | deadline | budget
+)
+cancels = Counter("tick_cancels_total", "Running occurrences that ended CANCELED cooperatively")
+replays = Counter("tick_replays_total", "DEAD occurrences replayed from the DLQ")
+webhook_refused = Counter("tick_webhook_refused_total", "Webhook targets refused by the SSRF guard")
+
+tenant_throttled = Counter(
+    "tick_tenant_throttled_total",
+    "Occurrences deferred by a tenant's trigger-rate or catch-up-rate quota",
+    ["kind"],
+)
+tenant_throttled.labels(kind="trigger")
+tenant_throttled.labels(kind="catchup")

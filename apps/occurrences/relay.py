@@ -36,6 +36,7 @@ from datetime import datetime, timedelta
 from typing import NamedTuple
 
 from django.db import connection, transaction
+from django.db.backends.utils import CursorWrapper
 from django.utils import timezone
 
 from apps.occurrences import metrics
@@ -43,6 +44,7 @@ from apps.occurrences.broker import OutgoingMessage, Publisher
 from apps.occurrences.bulk import array_literal
 from apps.occurrences.leases import LeaseSet
 from apps.occurrences.queues import ENVELOPE_TASK_NAME, TASK_NAME, queue_name, tenant_partition
+from apps.occurrences.throttle import TenantThrottle
 
 log = logging.getLogger(__name__)
 
@@ -54,11 +56,13 @@ class RelayConfig:
     prefix: str
     partitions: int
     envelope_max: int = 50
+    background_share: float = 0.2
 
 
 @dataclass
 class RelayResult:
     claimed: int = 0
+    deferred: int = 0
     published: int = 0
     failed: int = 0
     messages: int = 0
@@ -84,8 +88,19 @@ _CLAIM = """
            tenant_id::text, lane, available_at, shard
     FROM occurrences_dispatchoutbox
     WHERE shard = ANY(%s) AND available_at <= %s AND id <> ALL(%s::bigint[])
+      AND lane = ANY(%s)
     ORDER BY available_at
     LIMIT %s
+"""
+# Strict capacity is reserved: the on-time lanes are read first with the whole batch; the
+# catch-up and retry lanes get at most `background_share` of it per step.
+FOREGROUND_LANES = ["strict", "flexible"]
+BACKGROUND_LANES = ["catchup", "retry"]
+
+_DEFER = """
+    UPDATE occurrences_dispatchoutbox o SET available_at = d.available_at
+    FROM unnest(%s::bigint[], %s::timestamptz[]) AS d(id, available_at)
+    WHERE o.id = d.id
 """
 
 _RECORD = """
@@ -241,12 +256,35 @@ class Recorder(threading.Thread):
         self.join()
 
 
+def _apply_quotas(
+    cursor: CursorWrapper, rows: list[OutboxRow], throttle: TenantThrottle, result: RelayResult
+) -> list[OutboxRow]:
+    """Keep the rows each tenant's quota allows now; defer the others' outbox rows to the
+    instant their tenant's bucket allows them (nothing is dropped)."""
+    allowed: list[OutboxRow] = []
+    deferred_ids: list[str] = []
+    deferred_at: list[str] = []
+    now = timezone.now()
+    for row in sorted(rows, key=lambda r: r.available_at):
+        delay = throttle.delay_for(row.id, row.tenant_id, row.lane)
+        if delay <= 0:
+            allowed.append(row)
+        else:
+            deferred_ids.append(str(row.id))
+            deferred_at.append(max(row.available_at, now + timedelta(seconds=delay)).isoformat())
+    if deferred_ids:
+        cursor.execute(_DEFER, [array_literal(deferred_ids), array_literal(deferred_at)])
+        result.deferred = len(deferred_ids)
+    return allowed
+
+
 def relay_step(
     *,
     leases: LeaseSet,
     publisher: Publisher,
     config: RelayConfig,
     recorder: Recorder | None = None,
+    throttle: TenantThrottle | None = None,
 ) -> RelayResult:
     """Read, publish and record one batch (module docstring, steps 1-3). Without a
     `recorder`, recording happens before returning."""
@@ -257,12 +295,17 @@ def relay_step(
             return result
         started = time.perf_counter()
         until = timezone.now() + timedelta(milliseconds=config.lookahead_ms)
-        inflight = recorder.inflight_ids() if recorder else []
-        cursor.execute(
-            _CLAIM, [shards, until, array_literal([str(i) for i in inflight]), config.batch_size]
-        )
-        rows = [OutboxRow(*values) for values in cursor.fetchall()]
-    result.claimed = len(rows)
+        inflight = array_literal([str(i) for i in (recorder.inflight_ids() if recorder else [])])
+        rows: list[OutboxRow] = []
+        for lanes, limit in (
+            (FOREGROUND_LANES, config.batch_size),
+            (BACKGROUND_LANES, max(1, int(config.batch_size * config.background_share))),
+        ):
+            cursor.execute(_CLAIM, [shards, until, inflight, array_literal(lanes), limit])
+            rows.extend(OutboxRow(*values) for values in cursor.fetchall())
+        result.claimed = len(rows)
+        if throttle is not None and rows:
+            rows = _apply_quotas(cursor, rows, throttle, result)
     if not rows:
         return result
     metrics.outbox_backlog.set(len(rows))

@@ -11,6 +11,7 @@ from apps.occurrences.leases import LeaseSet
 from apps.occurrences.loop import process_owner, run_leased_loop
 from apps.occurrences.models import ShardLease
 from apps.occurrences.relay import Recorder, RelayConfig, relay_step
+from apps.occurrences.throttle import TenantThrottle
 from tickweb.celery import app as celery_app
 
 log = logging.getLogger("tick.relay")
@@ -47,10 +48,15 @@ class Command(BaseCommand):
         publisher.connect()
         recorder = Recorder(leases)
         recorder.start()
+        throttle = TenantThrottle()
 
         def unit() -> int:
             result = relay_step(
-                leases=leases, publisher=publisher, config=config, recorder=recorder
+                leases=leases,
+                publisher=publisher,
+                config=config,
+                recorder=recorder,
+                throttle=throttle,
             )
             if result.claimed:
                 worst = max(result.lags, default=0.0)
@@ -58,7 +64,8 @@ class Command(BaseCommand):
                     "relayed %d of %d in %d messages (failed %d), max lag %.3fs",
                     result.published, result.claimed, result.messages, result.failed, worst,
                 )  # fmt: skip
-            return result.claimed
+            # Deferred rows are not work done now: sleep rather than re-read them at once.
+            return result.published + result.failed
 
         log.info("relay %s starting", leases.owner)
         try:
