@@ -8,7 +8,7 @@ ENV_FILE := .run/services.env
 
 export DJANGO_DEBUG ?= 1
 
-.PHONY: run test lint pytest install services services-stop migrate clean
+.PHONY: run test lint pytest install services services-stop migrate schema clean
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -44,11 +44,16 @@ lint: install
 	$(BIN)/mypy .
 	$(BIN)/python manage.py makemigrations --check --dry-run
 	$(BIN)/python manage.py check --fail-level WARNING
+	$(BIN)/python manage.py spectacular --validate --fail-on-warn --file /dev/null
 
 pytest: services
 	set -a && source $(ENV_FILE) && set +a && $(BIN)/pytest
 
 test: lint pytest
+
+# The committed OpenAPI schema (a test fails when it differs from the code).
+schema: install
+	$(BIN)/python manage.py spectacular --validate --fail-on-warn --file docs/openapi.yaml
 
 clean:
 	rm -rf $(VENV) .run staticfiles .mypy_cache .ruff_cache .pytest_cache

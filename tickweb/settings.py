@@ -139,8 +139,10 @@ TICK_MAX_FIRES_PER_PASS = env_int("TICK_MAX_FIRES_PER_PASS", 200)
 # Misfire bookkeeping: at most this many MISSED rows per schedule per recovery pass.
 TICK_MISSED_RECORD_LIMIT = env_int("TICK_MISSED_RECORD_LIMIT", 10)
 TICK_LEASE_TTL_S = env_int("TICK_LEASE_TTL_S", 15)
-TICK_RELAY_LOOKAHEAD_MS = env_int("TICK_RELAY_LOOKAHEAD_MS", 500)
-TICK_RELAY_BATCH = env_int("TICK_RELAY_BATCH", 2000)
+TICK_RELAY_LOOKAHEAD_MS = env_int("TICK_RELAY_LOOKAHEAD_MS", 5000)
+# Occurrences of one tenant and lane due at one instant share a message, up to this many.
+TICK_RELAY_ENVELOPE_MAX = env_int("TICK_RELAY_ENVELOPE_MAX", 50)
+TICK_RELAY_BATCH = env_int("TICK_RELAY_BATCH", 100_000)
 TICK_ATTEMPT_LEASE_S = env_int("TICK_ATTEMPT_LEASE_S", 60)
 TICK_MAX_ATTEMPTS = env_int("TICK_MAX_ATTEMPTS", 5)
 TICK_RETRY_BASE_S = env_int("TICK_RETRY_BASE_S", 2)
@@ -162,6 +164,38 @@ TICK_OVERLAP_LOOKBACK_S = env_int("TICK_OVERLAP_LOOKBACK_S", 2 * 86_400)
 TICK_WEBHOOK_CONNECT_TIMEOUT_S = float(env_str("TICK_WEBHOOK_CONNECT_TIMEOUT_S", "5"))
 TICK_WEBHOOK_READ_TIMEOUT_S = float(env_str("TICK_WEBHOOK_READ_TIMEOUT_S", "30"))
 TICK_WEBHOOK_ALLOWLIST = env_list("TICK_WEBHOOK_ALLOWLIST", [])
+
+# --- lifecycle API (issue 4) -----------------------------------------------------------
+# One JSON error shape for every 4xx (tickweb/exceptions.py); JSON is the only request format
+# (tickweb/parsers.py caps size and depth); per-key rate limit in PostgreSQL.
+REST_FRAMEWORK["EXCEPTION_HANDLER"] = "tickweb.exceptions.exception_handler"
+REST_FRAMEWORK["DEFAULT_PARSER_CLASSES"] = ["tickweb.parsers.TickJSONParser"]
+REST_FRAMEWORK["DEFAULT_THROTTLE_CLASSES"] = ["tickweb.ratelimit.ApiKeyRateThrottle"]
+# Request bodies above this answer 413 (a schedule with a 64 KiB payload fits with room).
+DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("DATA_UPLOAD_MAX_MEMORY_SIZE", 256 * 1024)
+# Two models have a `state` enum; name both so the schema is stable and warning-free.
+SPECTACULAR_SETTINGS["ENUM_NAME_OVERRIDES"] = {
+    "ScheduleStateEnum": "apps.schedules.models.Schedule.State",
+    "OccurrenceStateEnum": "apps.occurrences.models.Occurrence.State",
+}
+TICK_MAX_PAYLOAD_BYTES = env_int("TICK_MAX_PAYLOAD_BYTES", 64 * 1024)
+TICK_MAX_JSON_DEPTH = env_int("TICK_MAX_JSON_DEPTH", 32)
+# Idempotency keys are honoured this long (the contract promises at least 24 h).
+TICK_IDEMPOTENCY_TTL_S = max(env_int("TICK_IDEMPOTENCY_TTL_S", 48 * 3600), 24 * 3600)
+# Receipts look this far back for in-flight occurrences of the changed schedule.
+TICK_RECEIPT_LOOKBACK_S = env_int("TICK_RECEIPT_LOOKBACK_S", 24 * 3600)
+# Production hardening (`manage.py check --deploy`); all on unless DEBUG, env-overridable.
+# Behind a TLS-terminating proxy set SECURE_PROXY_SSL_HEADER_ENABLED=1.
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", not DEBUG)
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0 if DEBUG else 31_536_000)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", not DEBUG)
+SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", not DEBUG)
+SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", not DEBUG)
+CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", not DEBUG)
+if env_bool("SECURE_PROXY_SSL_HEADER_ENABLED", False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+# The health/metrics scrape runs over plain HTTP inside the cluster.
+SECURE_REDIRECT_EXEMPT = [r"^metrics$"]
 
 # --- Celery -----------------------------------------------------------------------------
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "amqp://guest:guest@127.0.0.1:5672//")

@@ -11,3 +11,7 @@ urlpatterns = [
     path("api/v1/", include("apps.schedules.api_urls")),
     path("api/v1/", include("apps.occurrences.api_urls")),
 ]
+
+# Django-level 400s (e.g. a body over DATA_UPLOAD_MAX_MEMORY_SIZE → 413) in the API error shape.
+handler400 = "tickweb.exceptions.bad_request"
+handler404 = "tickweb.exceptions.not_found"

@@ -1,37 +1,100 @@
-"""Schedule endpoints under /api/v1/: thin views over selectors and services."""
+"""Schedule endpoints under /api/v1/: thin views over selectors and services.
+
+Every view that takes a schedule id goes through `access_schedule` first, for every method
+(including ones the route does not allow), so another tenant's id is always a 404.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NoReturn
 
 from django.utils import timezone
-from drf_spectacular.utils import extend_schema
-from rest_framework import status
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import serializers, status
+from rest_framework.exceptions import MethodNotAllowed, NotFound
 from rest_framework.pagination import CursorPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from apps.schedules.selectors import access_schedule, schedules_for
+from apps.schedules.selectors import access_schedule, schedules_filtered
 from apps.schedules.serializers import (
     KIND_IN,
+    ErrorSerializer,
+    LifecycleResponseSerializer,
     PreviewEntrySerializer,
     PreviewQuerySerializer,
     ScheduleCreateSerializer,
+    ScheduleListQuerySerializer,
     SchedulePreviewDraftSerializer,
     ScheduleSerializer,
+    update_serializer,
 )
-from apps.schedules.services import schedule_create, schedule_preview, schedule_preview_saved
+from apps.schedules.services import (
+    LifecycleResult,
+    schedule_cancel,
+    schedule_create,
+    schedule_pause,
+    schedule_preview,
+    schedule_preview_saved,
+    schedule_resume,
+    schedule_update,
+)
 from apps.tenants.authentication import TenantPrincipal
+from apps.tenants.services import (
+    IdempotentResponse,
+    idempotency_lookup,
+    idempotency_request_hash,
+    idempotent_call,
+)
+
+
+def _errors(*codes: int) -> dict[int, OpenApiResponse]:
+    described = {
+        400: "Invalid input (field errors in `error.fields`).",
+        401: "Missing, unknown, revoked or expired API key.",
+        404: "No such schedule in this tenant.",
+        405: "Method not allowed (schedules are never deleted: use cancel).",
+        409: "Conflict with the schedule's state, a quota, or an Idempotency-Key.",
+        413: "Request body over the size cap.",
+        415: "Only application/json bodies are accepted.",
+        429: "Per-key rate limit; retry after `Retry-After` seconds.",
+    }
+    return {c: OpenApiResponse(ErrorSerializer, description=described[c]) for c in codes}
+
+
+_COMMON = (401, 429)
+_BODY = (400, 413, 415)
+
+IDEMPOTENCY_KEY = OpenApiParameter(
+    "Idempotency-Key",
+    OpenApiTypes.STR,
+    OpenApiParameter.HEADER,
+    required=False,
+    description=(
+        "Up to 255 printable ASCII characters, kept per tenant for at least 24 h. A retry "
+        "with the same key and body returns the first response (status and body, header "
+        "`Idempotent-Replayed: true`), also while the first is still running; the same key "
+        "with another body answers 409."
+    ),
+)
 
 
 class ScheduleCursor(CursorPagination):
-    # Keyset pagination on (created_at, id) via schedule_tenant_list_idx: constant cost per
-    # page at any table size, unlike OFFSET.
+    # Keyset pagination on (created_at, id): constant cost per page at any table size, no
+    # COUNT, unlike OFFSET. Each filter has an index with the same ordering (selectors).
     ordering = ("-created_at", "-id")
     page_size = 50
     max_page_size = 200
     page_size_query_param = "page_size"
+
+    def decode_cursor(self, request: Request) -> Any:
+        # A tampered or stale cursor is bad input (400 naming the parameter), not a 404.
+        try:
+            return super().decode_cursor(request)
+        except NotFound:
+            raise serializers.ValidationError({"cursor": ["Invalid cursor."]}) from None
 
 
 def _principal(request: Request) -> TenantPrincipal:
@@ -39,38 +102,165 @@ def _principal(request: Request) -> TenantPrincipal:
     return request.user
 
 
-class ScheduleListCreate(APIView):
-    @extend_schema(responses=ScheduleSerializer(many=True))
+class TenantView(APIView):
+    """Base of the schedule views: the tenant door also guards refused methods."""
+
+    def _guard(self, request: Request, kwargs: dict[str, Any]) -> None:
+        if "schedule_id" in kwargs:
+            access_schedule(tenant=_principal(request).tenant, schedule_id=kwargs["schedule_id"])
+
+    def http_method_not_allowed(  # type: ignore[override]
+        self, request: Request, *args: Any, **kwargs: Any
+    ) -> NoReturn:
+        self._guard(request, kwargs)
+        if request.method == "DELETE":
+            raise MethodNotAllowed(
+                "DELETE",
+                detail="Schedules are never deleted (their history is kept for audit); "
+                "POST /api/v1/schedules/{id}/cancel stops one for good.",
+            )
+        raise MethodNotAllowed(request.method or "")
+
+    def options(self, request: Request, *args: Any, **kwargs: Any) -> Response:  # type: ignore[override]
+        self._guard(request, kwargs)
+        return super().options(request, *args, **kwargs)
+
+
+def _lifecycle_response(result: LifecycleResult) -> Response:
+    return Response(LifecycleResponseSerializer(result).data)
+
+
+def _idempotent_response(result: IdempotentResponse) -> Response:
+    headers = {"Idempotent-Replayed": "true"} if result.replayed else None
+    return Response(result.body, status=result.status, headers=headers)
+
+
+class ScheduleListCreate(TenantView):
+    pagination_class = ScheduleCursor
+
+    @extend_schema(
+        parameters=[ScheduleListQuerySerializer],
+        responses={200: ScheduleSerializer(many=True), **_errors(400, *_COMMON)},
+    )
     def get(self, request: Request) -> Response:
-        principal = _principal(request)
-        queryset = schedules_for(tenant=principal.tenant)
-        state = request.query_params.get("state")
-        if state:
-            queryset = queryset.filter(state=state.upper())
+        """List the tenant's schedules, newest first, filtered by state, kind, handler and a
+        case-insensitive name search (`q`, at least 3 characters); cursor pages."""
+        query = ScheduleListQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        queryset = schedules_filtered(tenant=_principal(request).tenant, **query.validated_data)
         paginator = ScheduleCursor()
         page = paginator.paginate_queryset(queryset, request, view=self)
         return paginator.get_paginated_response(ScheduleSerializer(page, many=True).data)
 
-    @extend_schema(request=ScheduleCreateSerializer, responses={201: ScheduleSerializer})
+    @extend_schema(
+        request=ScheduleCreateSerializer,
+        parameters=[IDEMPOTENCY_KEY],
+        responses={201: ScheduleSerializer, **_errors(*_BODY, 409, *_COMMON)},
+    )
     def post(self, request: Request) -> Response:
+        """Create a schedule. Quotas: active schedules (409 `quota_exceeded`) and the
+        minimum interval between a rule's fires (400 `rule_too_frequent`)."""
         principal = _principal(request)
+        key = request.headers.get("Idempotency-Key")
+        if key is None:
+            serializer = ScheduleCreateSerializer(data=request.data)
+            serializer.is_valid(raise_exception=True)
+            schedule = schedule_create(
+                tenant=principal.tenant, spec=serializer.to_spec(), actor=principal.actor
+            )
+            return Response(ScheduleSerializer(schedule).data, status=status.HTTP_201_CREATED)
+
+        if not (1 <= len(key) <= 255 and key.isascii() and key.isprintable()):
+            raise serializers.ValidationError(
+                {"Idempotency-Key": ["Use 1 to 255 printable ASCII characters."]}
+            )
+        request_hash = idempotency_request_hash(
+            method=request.method or "POST", path=request.path, data=request.data
+        )
+        stored = idempotency_lookup(
+            tenant=principal.tenant, key=key, request_hash=request_hash, now=timezone.now()
+        )
+        if stored is not None:
+            return _idempotent_response(stored)
         serializer = ScheduleCreateSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        schedule = schedule_create(
-            tenant=principal.tenant, spec=serializer.to_spec(), actor=principal.actor
+        spec = serializer.to_spec()
+
+        def create() -> tuple[int, Any]:
+            schedule = schedule_create(tenant=principal.tenant, spec=spec, actor=principal.actor)
+            return status.HTTP_201_CREATED, dict(ScheduleSerializer(schedule).data)
+
+        return _idempotent_response(
+            idempotent_call(
+                tenant=principal.tenant, key=key, request_hash=request_hash, call=create
+            )
         )
-        return Response(ScheduleSerializer(schedule).data, status=status.HTTP_201_CREATED)
 
 
-class ScheduleDetail(APIView):
-    @extend_schema(responses=ScheduleSerializer)
+class ScheduleDetail(TenantView):
+    @extend_schema(responses={200: ScheduleSerializer, **_errors(404, *_COMMON)})
     def get(self, request: Request, schedule_id: Any) -> Response:
         schedule = access_schedule(tenant=_principal(request).tenant, schedule_id=schedule_id)
         return Response(ScheduleSerializer(schedule).data)
 
+    @extend_schema(
+        request=ScheduleCreateSerializer(partial=True),
+        responses={200: LifecycleResponseSerializer, **_errors(*_BODY, 404, 409, *_COMMON)},
+    )
+    def patch(self, request: Request, schedule_id: Any) -> Response:
+        """Change the definition: the given fields replace the saved ones and the whole is
+        validated as on create. A change that alters future runs makes version + 1; pending
+        unpublished occurrences of older versions become SUPERSEDED (listed in the receipt),
+        and the new version never re-fires an instant an older one already published. A
+        name-only change keeps the version. 409 if the schedule is canceled or changed
+        concurrently (read it again and retry)."""
+        principal = _principal(request)
+        schedule = access_schedule(tenant=principal.tenant, schedule_id=schedule_id)
+        serializer = update_serializer(schedule, request.data)
+        serializer.is_valid(raise_exception=True)
+        return _lifecycle_response(
+            schedule_update(schedule=schedule, spec=serializer.to_spec(), actor=principal.actor)
+        )
 
-class SchedulePreview(APIView):
-    @extend_schema(parameters=[PreviewQuerySerializer], responses=PreviewEntrySerializer(many=True))
+
+class SchedulePause(TenantView):
+    @extend_schema(request=None, responses={200: LifecycleResponseSerializer,
+                                            **_errors(404, 409, *_COMMON)})  # fmt: skip
+    def post(self, request: Request, schedule_id: Any) -> Response:
+        """Stop materializing; pending unpublished occurrences become CANCELED (receipt).
+        Idempotent; 409 for a canceled or completed schedule."""
+        principal = _principal(request)
+        schedule = access_schedule(tenant=principal.tenant, schedule_id=schedule_id)
+        return _lifecycle_response(schedule_pause(schedule=schedule, actor=principal.actor))
+
+
+class ScheduleResume(TenantView):
+    @extend_schema(request=None, responses={200: LifecycleResponseSerializer,
+                                            **_errors(404, 409, *_COMMON)})  # fmt: skip
+    def post(self, request: Request, schedule_id: Any) -> Response:
+        """Materialize again from the first instant never materialized; instants that passed
+        while paused follow the schedule's misfire policy. Idempotent."""
+        principal = _principal(request)
+        schedule = access_schedule(tenant=principal.tenant, schedule_id=schedule_id)
+        return _lifecycle_response(schedule_resume(schedule=schedule, actor=principal.actor))
+
+
+class ScheduleCancel(TenantView):
+    @extend_schema(request=None, responses={200: LifecycleResponseSerializer,
+                                            **_errors(404, *_COMMON)})  # fmt: skip
+    def post(self, request: Request, schedule_id: Any) -> Response:
+        """Cancel for good (never deleted): pending unpublished occurrences become CANCELED
+        (receipt); enqueued ones are canceled by the worker's claim. Idempotent."""
+        principal = _principal(request)
+        schedule = access_schedule(tenant=principal.tenant, schedule_id=schedule_id)
+        return _lifecycle_response(schedule_cancel(schedule=schedule, actor=principal.actor))
+
+
+class SchedulePreview(TenantView):
+    @extend_schema(
+        parameters=[PreviewQuerySerializer],
+        responses={200: PreviewEntrySerializer(many=True), **_errors(400, 404, *_COMMON)},
+    )
     def get(self, request: Request, schedule_id: Any) -> Response:
         """The saved schedule's next fires, UTC and local, with a note for each DST effect."""
         schedule = access_schedule(tenant=_principal(request).tenant, schedule_id=schedule_id)
@@ -82,9 +272,10 @@ class SchedulePreview(APIView):
         return Response([entry.as_dict() for entry in entries])
 
 
-class ScheduleDraftPreview(APIView):
+class ScheduleDraftPreview(TenantView):
     @extend_schema(
-        request=SchedulePreviewDraftSerializer, responses=PreviewEntrySerializer(many=True)
+        request=SchedulePreviewDraftSerializer,
+        responses={200: PreviewEntrySerializer(many=True), **_errors(*_BODY, *_COMMON)},
     )
     def post(self, request: Request) -> Response:
         """Preview an unsaved definition; validated exactly as on create, nothing is stored."""

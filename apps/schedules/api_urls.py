@@ -11,4 +11,11 @@ urlpatterns = [
         api.SchedulePreview.as_view(),
         name="schedule-preview",
     ),
+    path("schedules/<uuid:schedule_id>/pause", api.SchedulePause.as_view(), name="schedule-pause"),
+    path(
+        "schedules/<uuid:schedule_id>/resume", api.ScheduleResume.as_view(), name="schedule-resume"
+    ),
+    path(
+        "schedules/<uuid:schedule_id>/cancel", api.ScheduleCancel.as_view(), name="schedule-cancel"
+    ),
 ]

@@ -5,7 +5,9 @@ from __future__ import annotations
 import hashlib
 import uuid
 
+from django.contrib.postgres.indexes import GinIndex, OpClass
 from django.db import models
+from django.db.models.functions import Upper
 
 from apps.tenants.models import Tenant
 
@@ -89,6 +91,21 @@ class Schedule(models.Model):
             ),
             # Tenant listings (API/UI), newest first with id as the cursor tie-breaker.
             models.Index(fields=["tenant", "-created_at", "-id"], name="schedule_tenant_list_idx"),
+            # GET /api/v1/schedules?state=… (keyset pages per state) and the active-schedule
+            # quota count in schedule_create (tenant, state IN (ACTIVE, PAUSED)).
+            models.Index(
+                fields=["tenant", "state", "-created_at", "-id"],
+                name="schedule_tenant_state_idx",
+            ),
+            # GET /api/v1/schedules?handler=…: keyset pages per handler.
+            models.Index(
+                fields=["tenant", "handler", "-created_at", "-id"],
+                name="schedule_tenant_handler_idx",
+            ),
+            # GET /api/v1/schedules?q=…: `name ILIKE %q%` (Django's icontains compiles to
+            # UPPER(name) LIKE UPPER(…)) through a trigram index instead of a table scan.
+            # Created by explicit SQL in migration 0002 (Django renders this OpClass badly).
+            GinIndex(OpClass(Upper("name"), name="gin_trgm_ops"), name="schedule_name_trgm_idx"),
         ]
         constraints = [
             models.CheckConstraint(

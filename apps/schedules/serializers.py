@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+import json
+from datetime import datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.utils import timezone
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from apps.occurrences.handlers import handler_names
+from apps.occurrences.webhook import WebhookPayloadError, validate_webhook_payload
 from apps.schedules import timerules
 from apps.schedules.models import Schedule
 from apps.schedules.services import ScheduleSpec
 
-MAX_PAYLOAD_BYTES = 16 * 1024
 SERVER_OWNED = {"id", "version", "state", "next_run_at", "tenant", "shard", "created_at",
                 "updated_at"}  # fmt: skip
 
@@ -25,31 +28,49 @@ def _lower_choices(choices: type[Any]) -> list[str]:
     return [value.lower() for value in choices.values]
 
 
+class StrictCharField(serializers.CharField):
+    """A string, never a number coerced into one (DRF's CharField accepts 123 as "123")."""
+
+    def to_internal_value(self, data: Any) -> str:
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class StrictIntegerField(serializers.IntegerField):
+    """A JSON integer, never a numeric string, a float or a boolean."""
+
+    def to_internal_value(self, data: Any) -> int:
+        if isinstance(data, bool) or not isinstance(data, int):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
 class ScheduleCreateSerializer(serializers.Serializer[Any]):
-    name = serializers.CharField(max_length=200)
+    name = StrictCharField(max_length=200)
     kind = serializers.ChoiceField(choices=list(KIND_IN))
-    expression = serializers.CharField(max_length=200, required=False, default="")
+    expression = StrictCharField(max_length=200, required=False, allow_blank=True, default="")
     # An instant with offset ("2026-03-08T09:30:00-05:00", "...Z") or a local wall time in
     # time_zone ("2026-03-08T09:30"); resolved to UTC by timerules.resolve_one_shot.
-    run_at = serializers.CharField(max_length=64, required=False, allow_null=True, default=None)
-    time_zone = serializers.CharField(max_length=64, default="UTC")
+    run_at = StrictCharField(max_length=64, required=False, allow_null=True, default=None)
+    time_zone = StrictCharField(max_length=64, default="UTC")
     precision = serializers.ChoiceField(
         choices=_lower_choices(Schedule.Precision), default="strict"
     )
-    flexible_window_s = serializers.IntegerField(min_value=0, max_value=300, default=0)
+    flexible_window_s = StrictIntegerField(min_value=0, max_value=300, default=0)
     misfire_policy = serializers.ChoiceField(
         choices=_lower_choices(Schedule.MisfirePolicy), default="fire_once"
     )
-    max_lateness_s = serializers.IntegerField(min_value=0, max_value=7 * 86400, default=60)
-    catchup_limit = serializers.IntegerField(min_value=0, max_value=1000, default=0)
+    max_lateness_s = StrictIntegerField(min_value=0, max_value=7 * 86400, default=60)
+    catchup_limit = StrictIntegerField(min_value=0, max_value=1000, default=0)
     overlap_policy = serializers.ChoiceField(
         choices=_lower_choices(Schedule.OverlapPolicy), default="allow"
     )
-    dst_gap = serializers.ChoiceField(choices=Schedule.DstGap.values, default="skip")
-    dst_fold = serializers.ChoiceField(choices=Schedule.DstFold.values, default="first")
+    dst_gap = serializers.ChoiceField(choices=Schedule.DstGap.choices, default="skip")
+    dst_fold = serializers.ChoiceField(choices=Schedule.DstFold.choices, default="first")
     start_at = serializers.DateTimeField(required=False, allow_null=True, default=None)
     end_at = serializers.DateTimeField(required=False, allow_null=True, default=None)
-    handler = serializers.CharField(max_length=100)
+    handler = StrictCharField(max_length=100)
     payload = serializers.JSONField(required=False, default=dict)
 
     def to_internal_value(self, data: Any) -> Any:
@@ -70,10 +91,13 @@ class ScheduleCreateSerializer(serializers.Serializer[Any]):
         return value
 
     def validate_payload(self, value: Any) -> Any:
-        import json
-
-        if len(json.dumps(value)) > MAX_PAYLOAD_BYTES:
-            raise serializers.ValidationError(f"Payload is larger than {MAX_PAYLOAD_BYTES} bytes.")
+        # Measured as stored (compact UTF-8 JSON), so the cap means the same for any client.
+        cap = settings.TICK_MAX_PAYLOAD_BYTES
+        size = len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode())
+        if size > cap:
+            raise serializers.ValidationError(
+                f"Payload is {size} bytes as compact JSON; the limit is {cap} bytes."
+            )
         return value
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
@@ -98,7 +122,9 @@ class ScheduleCreateSerializer(serializers.Serializer[Any]):
                     dst_fold=attrs["dst_fold"],
                 )
                 late = timezone.now() - attrs["run_at"]
-                if late > timedelta(seconds=attrs["max_lateness_s"]):
+                # An update that keeps a one-shot's instant is not asking to schedule the past.
+                unchanged = attrs["run_at"] == self.context.get("current_run_at")
+                if not unchanged and late > timedelta(seconds=attrs["max_lateness_s"]):
                     raise timerules.TimeRuleError(
                         "run_at",
                         f"run_at is {int(late.total_seconds())} s in the past, beyond "
@@ -110,6 +136,15 @@ class ScheduleCreateSerializer(serializers.Serializer[Any]):
             raise serializers.ValidationError(
                 {"flexible_window_s": ["A flexible schedule needs a window of 1 to 300 s."]}
             )
+        if attrs["handler"] == "webhook":
+            # Shape, scheme and literal-address checks now; the connect-time SSRF guard still
+            # resolves and checks every address at each run.
+            try:
+                validate_webhook_payload(attrs["payload"])
+            except WebhookPayloadError as err:
+                raise serializers.ValidationError(
+                    {"payload": [f"{err.field}: {err.message}"]}
+                ) from None
         return attrs
 
     def to_spec(self) -> ScheduleSpec:
@@ -186,9 +221,9 @@ class PreviewQuerySerializer(serializers.Serializer[Any]):
 class SchedulePreviewDraftSerializer(ScheduleCreateSerializer):
     """A draft's timing fields, validated exactly as on create; name and handler optional."""
 
-    name = serializers.CharField(max_length=200, required=False, default="draft")
-    handler = serializers.CharField(max_length=100, required=False, default="record")
-    count = serializers.IntegerField(min_value=1, max_value=100, default=10)
+    name = StrictCharField(max_length=200, required=False, default="draft")
+    handler = StrictCharField(max_length=100, required=False, default="record")
+    count = StrictIntegerField(min_value=1, max_value=100, default=10)
 
 
 class PreviewEntrySerializer(serializers.Serializer[Any]):
@@ -199,3 +234,114 @@ class PreviewEntrySerializer(serializers.Serializer[Any]):
     abbreviation = serializers.CharField()
     note = serializers.CharField(allow_null=True)
     notes = serializers.ListField(child=serializers.CharField())
+
+
+def schedule_as_input(schedule: Schedule) -> dict[str, Any]:
+    """A saved schedule in create-input form: the base a PATCH is merged onto."""
+
+    def iso(value: datetime | None) -> str | None:
+        return value.isoformat() if value is not None else None
+
+    return {
+        "name": schedule.name,
+        "kind": KIND_OUT[Schedule.Kind(schedule.kind)],
+        "expression": schedule.expression,
+        "run_at": iso(schedule.run_at),
+        "time_zone": schedule.time_zone,
+        "precision": schedule.precision.lower(),
+        "flexible_window_s": schedule.flexible_window_s,
+        "misfire_policy": schedule.misfire_policy.lower(),
+        "max_lateness_s": schedule.max_lateness_s,
+        "catchup_limit": schedule.catchup_limit,
+        "overlap_policy": schedule.overlap_policy.lower(),
+        "dst_gap": schedule.dst_gap,
+        "dst_fold": schedule.dst_fold,
+        "start_at": iso(schedule.start_at),
+        "end_at": iso(schedule.end_at),
+        "handler": schedule.handler,
+        "payload": schedule.payload,
+    }
+
+
+def update_serializer(schedule: Schedule, data: Any) -> ScheduleCreateSerializer:
+    """PATCH semantics: the given fields replace the saved ones (a payload is replaced, not
+    deep-merged), then the whole definition is validated exactly as on create. Unknown and
+    server-owned fields are refused by name."""
+    if not isinstance(data, dict):
+        raise serializers.ValidationError({"non_field_errors": ["Expected a JSON object."]})
+    merged = {**schedule_as_input(schedule), **data}
+    return ScheduleCreateSerializer(data=merged, context={"current_run_at": schedule.run_at})
+
+
+class ScheduleListQuerySerializer(serializers.Serializer[Any]):
+    def to_internal_value(self, data: Any) -> Any:
+        # States are matched case-insensitively ("paused" or "PAUSED").
+        if hasattr(data, "dict"):
+            data = data.dict()
+        if isinstance(data.get("state"), str):
+            data = {**data, "state": data["state"].upper()}
+        return super().to_internal_value(data)
+
+    state = serializers.ChoiceField(choices=Schedule.State.choices, required=False)
+    kind = serializers.ChoiceField(choices=list(KIND_IN), required=False)
+    handler = serializers.CharField(max_length=100, required=False)
+    # Case-insensitive substring of the name, served by a trigram index; two characters or
+    # fewer would match nearly everything and make the index useless.
+    q = serializers.CharField(min_length=3, max_length=200, required=False)
+
+
+class NotRecalledSerializer(serializers.Serializer[Any]):
+    id = serializers.UUIDField()
+    state = serializers.CharField()
+    scheduled_for = serializers.DateTimeField()
+    schedule_version = serializers.IntegerField()
+
+
+class ReceiptSerializer(serializers.Serializer[Any]):
+    action = serializers.ChoiceField(choices=["updated", "paused", "resumed", "canceled"])
+    at = serializers.DateTimeField()
+    version = serializers.IntegerField(help_text="The schedule's version after the change.")
+    invalidated = serializers.ListField(
+        child=serializers.UUIDField(),
+        help_text="Occurrences recalled before publication (their outbox rows removed).",
+    )
+    invalidated_state = serializers.CharField(
+        allow_null=True, help_text="SUPERSEDED (update) or CANCELED (pause, cancel)."
+    )
+    not_recalled = NotRecalledSerializer(
+        many=True,
+        help_text=(
+            "Occurrences already enqueued, running or finished that could not be recalled. "
+            "A worker still re-checks version and cancellation before running one."
+        ),
+    )
+
+
+class LifecycleResponseSerializer(serializers.Serializer[Any]):
+    schedule = ScheduleSerializer()
+    receipt = ReceiptSerializer()
+
+
+@extend_schema_field(
+    {
+        "type": "object",
+        "required": ["code", "message", "fields"],
+        "properties": {
+            "code": {"type": "string", "description": "Stable, machine-readable."},
+            "message": {"type": "string", "description": "For people."},
+            "fields": {
+                "type": "object",
+                "description": "Request field (or non_field_errors) -> messages.",
+                "additionalProperties": {"type": "array", "items": {"type": "string"}},
+            },
+        },
+    }
+)
+class _ErrorObjectField(serializers.JSONField):
+    pass
+
+
+class ErrorSerializer(serializers.Serializer[Any]):
+    """The one error shape of every 4xx (tickweb/exceptions.py)."""
+
+    error = _ErrorObjectField()

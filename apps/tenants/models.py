@@ -19,6 +19,12 @@ class Tenant(models.Model):
     trigger_rate_per_s = models.PositiveIntegerField(default=1_000)
     max_running = models.PositiveIntegerField(default=100)
     catchup_rate_per_s = models.PositiveIntegerField(default=50)
+    # A rule whose consecutive fires come closer than this is refused at the API (400).
+    min_interval_s = models.PositiveIntegerField(default=60)
+    # Requests per minute per API key (fixed window in PostgreSQL; 429 + Retry-After).
+    api_rate_per_min = models.PositiveIntegerField(default=600)
+    # Transient-failure retries per UTC hour; beyond it a failing occurrence goes DEAD.
+    retry_budget_per_hour = models.PositiveIntegerField(default=1_000)
 
     class Meta:
         ordering = ["slug"]
@@ -66,3 +72,44 @@ class ApiKey(models.Model):
 
     def __str__(self) -> str:
         return f"{self.prefix}… ({self.name})"
+
+
+class IdempotencyKey(models.Model):
+    """One `Idempotency-Key` of one tenant: the lock row concurrent retries queue on, and the
+    first successful response they replay. Rows older than TICK_IDEMPOTENCY_TTL_S are treated
+    as absent and purged by `manage.py idempotency_purge`."""
+
+    id = models.BigAutoField(primary_key=True)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    key = models.CharField(max_length=255)
+    # SHA-256 of method, path and the canonical JSON body: "same body" means same request.
+    request_hash = models.CharField(max_length=64)
+    # NULL until the first request with this key succeeded; failures store nothing.
+    status_code = models.PositiveSmallIntegerField(null=True, blank=True)
+    response = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "key"], name="idempotency_tenant_key_uniq")
+        ]
+        indexes = [
+            # `manage.py idempotency_purge`: expired rows, oldest first.
+            models.Index(fields=["created_at"], name="idempotency_created_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id}:{self.key}"
+
+
+class ApiKeyRateWindow(models.Model):
+    """Per-key request counter of the current fixed window (one row per key, upserted)."""
+
+    api_key = models.OneToOneField(
+        ApiKey, on_delete=models.CASCADE, primary_key=True, related_name="+"
+    )
+    window_start = models.DateTimeField()
+    count = models.PositiveIntegerField()
+
+    def __str__(self) -> str:
+        return f"{self.api_key_id} {self.window_start.isoformat()} x{self.count}"

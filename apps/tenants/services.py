@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import secrets
-from datetime import datetime
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
-from django.db import transaction
+from django.db import connection, transaction
+from django.utils import timezone
 
-from apps.tenants.models import ApiKey, Membership, Tenant
+from apps.schedules.errors import IdempotencyConflict
+from apps.tenants.models import ApiKey, IdempotencyKey, Membership, Tenant
 
 KEY_PREFIX = "tick_"
 
@@ -55,3 +62,146 @@ def demo_user_ensure(*, username: str, password: str) -> AbstractBaseUser:
         user.set_password(password)
         user.save(update_fields=["password"])
     return user
+
+
+def api_key_revoke(*, prefix: str, now: datetime | None = None) -> list[ApiKey]:
+    """Revoke every unrevoked key with this visible prefix; returns them. Authentication
+    refuses revoked keys on the next request (no cache)."""
+    now = now or timezone.now()
+    keys = list(ApiKey.objects.filter(prefix=prefix, revoked_at__isnull=True))
+    ApiKey.objects.filter(pk__in=[k.pk for k in keys]).update(revoked_at=now)
+    return keys
+
+
+# --------------------------------------------------------------------------------------------
+# Per-key request rate: one fixed window per key, counted in PostgreSQL
+# --------------------------------------------------------------------------------------------
+
+RATE_WINDOW_S = 60
+
+# One upsert per request: a new window resets the count, the same window increments it. The
+# row lock it takes serialises one key's concurrent requests for microseconds only.
+_RATE_HIT = """
+    INSERT INTO tenants_apikeyratewindow (api_key_id, window_start, count)
+    VALUES (%s, %s, 1)
+    ON CONFLICT (api_key_id) DO UPDATE
+    SET count = CASE WHEN tenants_apikeyratewindow.window_start = EXCLUDED.window_start
+                     THEN tenants_apikeyratewindow.count + 1 ELSE 1 END,
+        window_start = EXCLUDED.window_start
+    RETURNING count
+"""
+
+
+@dataclass(frozen=True)
+class RateDecision:
+    allowed: bool
+    count: int
+    limit: int
+    retry_after_s: int
+
+
+def api_key_rate_hit(*, api_key: ApiKey, limit_per_min: int, now: datetime) -> RateDecision:
+    """Count one request of `api_key` in the current minute; refuse beyond the limit."""
+    epoch = int(now.timestamp())
+    start = epoch - epoch % RATE_WINDOW_S
+    window_start = datetime.fromtimestamp(start, tz=now.tzinfo)
+    with connection.cursor() as cursor:
+        cursor.execute(_RATE_HIT, [api_key.pk, window_start])
+        row = cursor.fetchone()
+    count = int(row[0]) if row else 1
+    retry_after = max(1, start + RATE_WINDOW_S - epoch)
+    return RateDecision(count <= limit_per_min, count, limit_per_min, retry_after)
+
+
+# --------------------------------------------------------------------------------------------
+# Idempotency keys
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class IdempotentResponse:
+    status: int
+    body: Any
+    replayed: bool
+
+
+def idempotency_request_hash(*, method: str, path: str, data: Any) -> str:
+    """ "Same body" = same method, path and JSON value (key order and spacing do not count)."""
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(f"{method} {path}\n{canonical}".encode()).hexdigest()
+
+
+def _expired(row: IdempotencyKey, now: datetime) -> bool:
+    return now - row.created_at > timedelta(seconds=settings.TICK_IDEMPOTENCY_TTL_S)
+
+
+def _replay(row: IdempotencyKey, request_hash: str) -> IdempotentResponse:
+    if row.request_hash != request_hash:
+        raise IdempotencyConflict(
+            "This Idempotency-Key was already used with a different request body; use a new "
+            "key for a different request.",
+            field="Idempotency-Key",
+        )
+    assert row.status_code is not None
+    return IdempotentResponse(row.status_code, row.response, replayed=True)
+
+
+def idempotency_lookup(
+    *, tenant: Tenant, key: str, request_hash: str, now: datetime
+) -> IdempotentResponse | None:
+    """The stored first response for this key (same body), a conflict (other body), or None.
+
+    Checked before validation, so a retry replays its first answer even if the same body
+    would no longer validate (e.g. a one-shot's run_at has passed meanwhile)."""
+    row = IdempotencyKey.objects.filter(tenant=tenant, key=key).first()
+    if row is None or row.status_code is None or _expired(row, now):
+        return None
+    return _replay(row, request_hash)
+
+
+def idempotent_call(
+    *,
+    tenant: Tenant,
+    key: str,
+    request_hash: str,
+    call: Callable[[], tuple[int, Any]],
+) -> IdempotentResponse:
+    """Run `call` at most once per (tenant, key) and remember its successful response.
+
+    1. Insert the key's row if absent, in its own short transaction (`ON CONFLICT DO
+       NOTHING`): every concurrent retry now has one row to queue on.
+    2. In the call's transaction, lock that row. The first holder runs `call` and stores its
+       status and body before commit; the others wait on the lock, then find the stored
+       response and replay it (or 409 for another body).
+    3. If `call` raises, the transaction rolls back and nothing is stored: the key stays
+       usable (a refused request did not "spend" it).
+    """
+    now = timezone.now()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO tenants_idempotencykey (tenant_id, key, request_hash, created_at) "
+            "VALUES (%s, %s, %s, %s) ON CONFLICT (tenant_id, key) DO NOTHING",
+            [tenant.pk, key, request_hash, now],
+        )
+    with transaction.atomic():
+        row = IdempotencyKey.objects.select_for_update().get(tenant=tenant, key=key)
+        if row.status_code is not None and not _expired(row, now):
+            return _replay(row, request_hash)
+        status, body = call()
+        row.request_hash, row.status_code, row.response, row.created_at = (
+            request_hash, status, body, now,
+        )  # fmt: skip
+        row.save(update_fields=["request_hash", "status_code", "response", "created_at"])
+    return IdempotentResponse(status, body, replayed=False)
+
+
+def idempotency_purge(*, now: datetime, limit: int = 10_000) -> int:
+    """Delete up to `limit` expired idempotency rows; returns how many."""
+    cutoff = now - timedelta(seconds=settings.TICK_IDEMPOTENCY_TTL_S)
+    ids = list(
+        IdempotencyKey.objects.filter(created_at__lt=cutoff)
+        .order_by("created_at")
+        .values_list("id", flat=True)[:limit]
+    )
+    deleted, _ = IdempotencyKey.objects.filter(id__in=ids).delete()
+    return deleted

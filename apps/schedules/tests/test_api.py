@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -80,7 +81,7 @@ def test_bad_input_is_a_400_naming_the_field_and_writes_nothing(api_a, change, f
     response = api_a.post("/api/v1/schedules", {**CRON, **change}, format="json")
 
     assert response.status_code == 400, response.content
-    assert field in response.json()
+    assert field in response.json()["error"]["fields"]
     assert Schedule.objects.count() == 0
     assert ScheduleEvent.objects.count() == 0
 
@@ -95,7 +96,7 @@ def test_one_shot_in_the_past_beyond_max_lateness_is_refused(api_a):
     )  # fmt: skip
 
     assert response.status_code == 400
-    assert "run_at" in response.json()
+    assert "run_at" in response.json()["error"]["fields"]
     assert Schedule.objects.count() == 0
 
 
@@ -125,3 +126,45 @@ def test_metrics_endpoint_exports_ticks_delivery_metrics(client):
     text = response.content.decode()
     assert "tick_schedule_lag_seconds_bucket" in text
     assert "tick_duplicate_claims_total" in text
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {},
+        {"url": "ftp://example.com/hook"},
+        {"url": "http://127.0.0.1/hook"},
+        {"url": "http://2130706433/"},
+    ],
+)
+def test_webhook_schedule_with_a_bad_or_internal_target_is_refused_at_create(api_a, payload):
+    body = {**CRON, "handler": "webhook", "payload": payload}
+
+    response = api_a.post("/api/v1/schedules", body, format="json")
+
+    assert response.status_code == 400, response.content
+    assert "payload" in json.dumps(response.json())
+    assert Schedule.objects.count() == 0
+
+
+def test_webhook_schedule_with_a_public_https_target_is_accepted(api_a):
+    body = {**CRON, "handler": "webhook", "payload": {"url": "https://example.com/hook"}}
+
+    response = api_a.post("/api/v1/schedules", body, format="json")
+
+    assert response.status_code == 201, response.content
+
+
+def test_committed_openapi_schema_matches_the_code():
+    # docs/openapi.yaml is what clients read: regenerate it with `make schema` on API changes.
+    from pathlib import Path
+
+    from django.core.management import call_command
+
+    committed = Path(__file__).resolve().parents[3] / "docs" / "openapi.yaml"
+    generated = Path(__file__).resolve().parent / "_generated_openapi.yaml"
+    try:
+        call_command("spectacular", "--file", str(generated), "--validate")
+        assert generated.read_text() == committed.read_text(), "run `make schema`"
+    finally:
+        generated.unlink(missing_ok=True)

@@ -76,7 +76,7 @@ def test_one_shot_in_the_spring_forward_gap_is_refused_unless_shifted(api_a):
     shifted = api_a.post("/api/v1/schedules", {**body, "dst_gap": "shift"}, format="json")
 
     assert refused.status_code == 400
-    assert "does not exist" in refused.json()["run_at"][0]
+    assert "does not exist" in refused.json()["error"]["fields"]["run_at"][0]
     assert shifted.status_code == 201
     assert shifted.json()["next_run_at"] == "2026-03-08T07:00:00Z"  # 03:00 EDT
     assert Schedule.objects.count() == 1
