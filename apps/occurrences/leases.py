@@ -1,9 +1,10 @@
 """Renewable shard leases with a fencing generation (SPEC §5).
 
 Each materializer (and relay) process holds a fair share of the N logical shards:
-1. `LeaseSet.refresh` renews the leases it holds (conditional on owner and generation; a
-   lease someone else took over is dropped), counts live owners, releases shards above its
-   fair share and takes expired or free ones up to it (`FOR UPDATE SKIP LOCKED`, generation+1).
+1. `LeaseSet.refresh` renews the unexpired leases its owner holds (a lease someone else took
+   over no longer matches and is dropped), marks itself a live member, counts live members,
+   releases shards above its fair share and takes expired or free ones up to it (`FOR UPDATE
+   SKIP LOCKED`, generation + 1).
 2. Work is fenced: `fenced_shards` runs inside the caller's write transaction and locks the
    lease rows `FOR SHARE` while checking (owner, generation, expiry). A takeover must update
    those rows, so it waits for the in-flight batch to commit, and every later batch of the
@@ -36,22 +37,31 @@ class LeaseSet:
                 """,
                 [self.role, self.shards_total],
             )
+            # Renew every unexpired lease this owner (host:pid) holds; one taken over by
+            # another owner no longer matches and drops out.
             cursor.execute(
                 """
-                UPDATE occurrences_shardlease l
+                UPDATE occurrences_shardlease
                 SET lease_expires_at = now() + make_interval(secs => %s)
-                FROM unnest(%s::int[], %s::bigint[]) AS h(shard, generation)
-                WHERE l.role = %s AND l.shard = h.shard AND l.generation = h.generation
-                  AND l.owner = %s AND l.lease_expires_at > now()
-                RETURNING l.shard, l.generation
+                WHERE role = %s AND owner = %s AND lease_expires_at > now()
+                RETURNING shard, generation
                 """,
-                [self.ttl_s, list(self.held), list(self.held.values()), self.role, self.owner],
+                [self.ttl_s, self.role, self.owner],
             )
             held = {shard: generation for shard, generation in cursor.fetchall()}
             cursor.execute(
-                "SELECT count(DISTINCT owner) FROM occurrences_shardlease "
-                "WHERE role = %s AND owner <> %s AND owner <> '' AND lease_expires_at > now()",
+                """
+                INSERT INTO occurrences_leasemember (role, owner, seen_at)
+                VALUES (%s, %s, now())
+                ON CONFLICT (role, owner) DO UPDATE SET seen_at = excluded.seen_at
+                """,
                 [self.role, self.owner],
+            )
+            # Live members, whether or not they hold a shard yet (a newcomer holds none).
+            cursor.execute(
+                "SELECT count(*) FROM occurrences_leasemember "
+                "WHERE role = %s AND owner <> %s AND seen_at > now() - make_interval(secs => %s)",
+                [self.role, self.owner, self.ttl_s],
             )
             row = cursor.fetchone()
             others = int(row[0]) if row else 0
@@ -93,6 +103,10 @@ class LeaseSet:
             cursor.execute(
                 "UPDATE occurrences_shardlease SET owner = '', lease_expires_at = NULL "
                 "WHERE role = %s AND owner = %s",
+                [self.role, self.owner],
+            )
+            cursor.execute(
+                "DELETE FROM occurrences_leasemember WHERE role = %s AND owner = %s",
                 [self.role, self.owner],
             )
         self.held = {}

@@ -70,3 +70,7 @@ tenant_throttled = Counter(
 )
 tenant_throttled.labels(kind="trigger")
 tenant_throttled.labels(kind="catchup")
+outbox_parked = Counter(
+    "tick_outbox_parked_total",
+    "Outbox rows set aside after repeated publish failures (their occurrences go DEAD)",
+)

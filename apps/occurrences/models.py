@@ -162,11 +162,22 @@ class DispatchOutbox(models.Model):
     lane = models.CharField(max_length=16, choices=Lane.choices)
     available_at = models.DateTimeField()
     created_at = models.DateTimeField()
+    # Poison handling: failed publishes (unbuildable, nacked, unroutable) back off; after
+    # TICK_RELAY_MAX_PUBLISH_ATTEMPTS the row is parked and its occurrence goes DEAD (DLQ),
+    # so the rows behind it keep flowing. db_default: rows are inserted by raw SQL.
+    publish_attempts = models.PositiveIntegerField(default=0, db_default=0)
+    last_error = models.TextField(blank=True, default="", db_default="")
+    parked_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         indexes = [
-            # The relay's claim (`manage.py relay`): due rows of its shards, oldest first.
-            models.Index(fields=["shard", "available_at"], name="outbox_due_idx"),
+            # The relay's claim (`manage.py relay`): due rows of its shards, oldest first;
+            # parked rows drop out of the index.
+            models.Index(
+                fields=["shard", "available_at"],
+                name="outbox_due_idx",
+                condition=models.Q(parked_at__isnull=True),
+            ),
         ]
 
     def __str__(self) -> str:
@@ -197,6 +208,23 @@ class ShardLease(models.Model):
 
     def __str__(self) -> str:
         return f"{self.role} shard {self.shard} -> {self.owner or '-'} (gen {self.generation})"
+
+
+class LeaseMember(models.Model):
+    """A live materializer or relay process, refreshed with its leases: fair shares are
+    counted over members, so a newcomer holding no shard yet still gets its share."""
+
+    role = models.CharField(max_length=16, choices=ShardLease.Role.choices)
+    owner = models.CharField(max_length=200)
+    seen_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["role", "owner"], name="lease_member_role_owner_uniq")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.role} {self.owner} seen {self.seen_at.isoformat()}"
 
 
 class HandlerEffect(models.Model):

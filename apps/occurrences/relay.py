@@ -33,7 +33,7 @@ from collections import defaultdict, deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from django.db import connection, transaction
 from django.db.backends.utils import CursorWrapper
@@ -57,12 +57,14 @@ class RelayConfig:
     partitions: int
     envelope_max: int = 50
     background_share: float = 0.2
+    max_publish_attempts: int = 5
 
 
 @dataclass
 class RelayResult:
     claimed: int = 0
     deferred: int = 0
+    parked: int = 0
     published: int = 0
     failed: int = 0
     messages: int = 0
@@ -88,7 +90,7 @@ _CLAIM = """
            tenant_id::text, lane, available_at, shard
     FROM occurrences_dispatchoutbox
     WHERE shard = ANY(%s) AND available_at <= %s AND id <> ALL(%s::bigint[])
-      AND lane = ANY(%s)
+      AND lane = ANY(%s) AND parked_at IS NULL
     ORDER BY available_at
     LIMIT %s
 """
@@ -96,6 +98,29 @@ _CLAIM = """
 # catch-up and retry lanes get at most `background_share` of it per step.
 FOREGROUND_LANES = ["strict", "flexible"]
 BACKGROUND_LANES = ["catchup", "retry"]
+
+# A failed publish backs off (2^attempts s, at most a minute); at the limit the row is parked
+# and its occurrence goes DEAD, visible in the DLQ and replayable with the same id.
+_FAILED = """
+    WITH f AS (SELECT * FROM unnest(%s::bigint[], %s::text[]) AS f(id, error)),
+    upd AS (
+        UPDATE occurrences_dispatchoutbox o
+        SET publish_attempts = o.publish_attempts + 1,
+            last_error = left(f.error, 1000),
+            available_at = now() + make_interval(secs => least(60, 2 ^ o.publish_attempts)),
+            parked_at = CASE WHEN o.publish_attempts + 1 >= %s THEN now() END
+        FROM f WHERE o.id = f.id
+        RETURNING o.occurrence_id, o.scheduled_for, o.parked_at
+    ),
+    dead AS (
+        UPDATE occurrences_occurrence occ SET state = 'DEAD', finished_at = now()
+        FROM upd
+        WHERE upd.parked_at IS NOT NULL AND occ.id = upd.occurrence_id
+          AND occ.scheduled_for = upd.scheduled_for AND occ.state IN ('SCHEDULED', 'RETRY_WAIT')
+        RETURNING 1
+    )
+    SELECT count(*) FROM upd WHERE parked_at IS NOT NULL
+"""
 
 _DEFER = """
     UPDATE occurrences_dispatchoutbox o SET available_at = d.available_at
@@ -278,6 +303,36 @@ def _apply_quotas(
     return allowed
 
 
+def _prepare(
+    publisher: Publisher, messages: list[OutgoingMessage], failed: dict[int, str]
+) -> list[tuple[OutgoingMessage, Any]]:
+    """Serialise each message; one that cannot be built fails alone (a poison row must not
+    stop the rows behind it)."""
+    prepared = []
+    for message in messages:
+        try:
+            prepared.extend(publisher.prepare([message]))
+        except Exception as exc:  # noqa: BLE001 - recorded on the row, then retried/parked
+            for key in message.keys:
+                failed[key] = f"cannot build message: {type(exc).__name__}: {exc}"
+    return prepared
+
+
+def _record_failures(leases: LeaseSet, failed: dict[int, str], max_attempts: int) -> int:
+    """Back off the failed rows, parking those at the attempt limit; returns how many."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        if not leases.fenced_shards():
+            return 0
+        ids = list(failed)
+        cursor.execute(_FAILED, [ids, [failed[i] for i in ids], max_attempts])
+        row = cursor.fetchone()
+    parked = int(row[0]) if row else 0
+    if parked:
+        log.error("%d outbox rows parked after %d failed publishes", parked, max_attempts)
+        metrics.outbox_parked.inc(parked)
+    return parked
+
+
 def relay_step(
     *,
     leases: LeaseSet,
@@ -289,6 +344,11 @@ def relay_step(
     """Read, publish and record one batch (module docstring, steps 1-3). Without a
     `recorder`, recording happens before returning."""
     result = RelayResult()
+    confirmed: dict[int, datetime] = {}
+    failed: dict[int, str] = {}
+    # The fence (FOR SHARE on the lease rows) is held from the read until the last publish:
+    # a schedule change (relay_shard_barrier) waits for it, so nothing it recalls is
+    # published after it commits.
     with transaction.atomic(), connection.cursor() as cursor:
         shards = leases.fenced_shards()
         if not shards:
@@ -306,30 +366,34 @@ def relay_step(
         result.claimed = len(rows)
         if throttle is not None and rows:
             rows = _apply_quotas(cursor, rows, throttle, result)
-    if not rows:
-        return result
-    metrics.outbox_backlog.set(len(rows))
-    claimed_at = time.perf_counter()
-    by_id = {row.id: row for row in rows}
-    confirmed: dict[int, datetime] = {}
-    groups = [publisher.prepare(messages) for messages in build_messages(rows, config)]
-    built_at = time.perf_counter()
-    for prepared in groups:
-        # Every message of this group shares its instant: wait for it, then publish.
-        due_at = by_id[prepared[0][0].keys[0]].available_at
-        wait = (due_at - timezone.now()).total_seconds()
-        if wait > 0:
-            time.sleep(wait)
-        outcome = publisher.publish_prepared(prepared)
-        result.messages += len(prepared)
-        confirmed.update(outcome.confirmed)
-        if outcome.failed:
-            log.warning(
-                "%d outbox rows not confirmed (e.g. %s)",
-                len(outcome.failed), next(iter(outcome.failed.values())),
-            )  # fmt: skip
-        result.failed += len(outcome.failed)
+        if not rows:
+            return result
+        metrics.outbox_backlog.set(len(rows))
+        claimed_at = time.perf_counter()
+        by_id = {row.id: row for row in rows}
+        groups = [
+            prepared
+            for messages in build_messages(rows, config)
+            if (prepared := _prepare(publisher, messages, failed))
+        ]
+        built_at = time.perf_counter()
+        for prepared in groups:
+            # Every message of this group shares its instant: wait for it, then publish.
+            due_at = by_id[prepared[0][0].keys[0]].available_at
+            wait = (due_at - timezone.now()).total_seconds()
+            if wait > 0:
+                time.sleep(wait)
+            outcome = publisher.publish_prepared(prepared)
+            result.messages += len(prepared)
+            confirmed.update(outcome.confirmed)
+            failed.update(outcome.failed)
     published_at = time.perf_counter()
+    if failed:
+        log.warning(
+            "%d outbox rows not published (e.g. %s)", len(failed), next(iter(failed.values()))
+        )
+        result.failed = len(failed)
+        result.parked = _record_failures(leases, failed, config.max_publish_attempts)
     batch = ConfirmedBatch({i: (by_id[i], at) for i, at in confirmed.items()})
     if recorder is not None:
         recorder.submit(batch)

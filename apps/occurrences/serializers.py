@@ -43,7 +43,10 @@ class OccurrenceDetailSerializer(OccurrenceSerializer):
     attempts = serializers.SerializerMethodField()
 
     class Meta(OccurrenceSerializer.Meta):
-        fields = [*OccurrenceSerializer.Meta.fields, "attempts"]
+        fields = [
+            *OccurrenceSerializer.Meta.fields, "attempt_base", "deadline_at",
+            "cancel_requested_at", "attempts",
+        ]  # fmt: skip
         read_only_fields = fields
 
     def get_attempts(self, obj: Occurrence) -> list[dict[str, Any]]:

@@ -171,9 +171,9 @@ def test_heartbeat_extends_the_lease_until_the_attempt_is_reaped(tenant_a):
     with connection.cursor() as cursor:
         cursor.execute("UPDATE occurrences_attempt SET lease_expires_at = now()")
 
-    assert attempt_heartbeat(claim=claim) is True
+    assert attempt_heartbeat(claim=claim).lease_held is True
     extended = Attempt.objects.get(occurrence_id=occ.id).lease_expires_at
     assert extended > timezone.now() + timedelta(seconds=settings.TICK_ATTEMPT_LEASE_S - 5)
 
     attempts_reap(now=extended + timedelta(seconds=11), grace_s=10)
-    assert attempt_heartbeat(claim=claim) is False
+    assert attempt_heartbeat(claim=claim).lease_held is False

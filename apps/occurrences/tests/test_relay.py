@@ -208,3 +208,56 @@ def test_recorder_thread_records_and_the_next_step_skips_rows_in_flight(
     assert occurrence.state == Occurrence.State.ENQUEUED
     assert DispatchOutbox.objects.count() == 0
     assert recorder.inflight_ids() == []
+
+
+def test_a_poison_row_is_parked_after_bounded_tries_while_the_rest_keep_flowing(
+    tenant_a, tenant_b, queue_prefix, publisher, monkeypatch
+):
+    # given: tenant A's due occurrence cannot be turned into a message; B's can
+    _, poison = _due_one_shot(tenant_a)
+    build = publisher._message
+
+    def refuse_poison(out):
+        if out.task_id == str(poison.id):
+            raise ValueError("cannot serialise this payload")
+        return build(out)
+
+    monkeypatch.setattr(publisher, "_message", refuse_poison)
+    relay_leases = leases(ShardLease.Role.RELAY)
+    config = relay_config(queue_prefix)
+
+    # when: the relay tries five times (each failure backs the row off; bring it due again)
+    published = 0
+    for attempt in range(5):
+        if attempt == 2:
+            _due_one_shot(tenant_b)  # a healthy row arrives behind the poison one
+        DispatchOutbox.objects.update(available_at=timezone.now() - timedelta(seconds=1))
+        published += relay_step(leases=relay_leases, publisher=publisher, config=config).published
+
+    # then: the poison row is parked with its error and its occurrence is DEAD (in the DLQ);
+    # the healthy one went through
+    row = DispatchOutbox.objects.get(occurrence_id=poison.id)
+    assert row.publish_attempts == 5 and row.parked_at is not None
+    assert "cannot serialise this payload" in row.last_error
+    poison.refresh_from_db()
+    assert poison.state == Occurrence.State.DEAD
+    assert published == 1
+    assert Occurrence.objects.get(tenant=tenant_b).state == Occurrence.State.ENQUEUED
+    # and a parked row is never read again
+    assert relay_step(leases=relay_leases, publisher=publisher, config=config).claimed == 0
+
+
+def test_a_failed_publish_backs_off_before_the_next_try(tenant_a, queue_prefix, publisher):
+    _, occurrence = _due_one_shot(tenant_a)
+    publisher._channel.queue_delete(
+        queue_name(queue_prefix, "strict", tenant_partition(tenant_a.id, 4))
+    )
+
+    relay_step(
+        leases=leases(ShardLease.Role.RELAY), publisher=publisher, config=relay_config(queue_prefix)
+    )
+
+    row = DispatchOutbox.objects.get(occurrence_id=occurrence.id)
+    assert row.publish_attempts == 1 and row.parked_at is None
+    assert "unroutable" in row.last_error
+    assert row.available_at > timezone.now()

@@ -1,0 +1,45 @@
+"""Helpers for execution tests: schedules and occurrences at chosen instants, no materializer."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.utils import timezone
+
+from apps.occurrences.models import Lane, Occurrence, occurrence_id_for
+from apps.occurrences.partitions import partitions_ensure
+from apps.schedules.models import Schedule
+from apps.schedules.tests.factories import make_schedule
+from apps.tenants.models import Tenant
+
+
+def schedule(tenant: Tenant, **fields: Any) -> Schedule:
+    values: dict[str, Any] = {"expression": "0 * * * *", "payload": {}}
+    values.update(fields)
+    return make_schedule(tenant, **values)
+
+
+def occurrence(
+    sched: Schedule, scheduled_for: datetime, *, state: str = Occurrence.State.ENQUEUED
+) -> Occurrence:
+    partitions_ensure([scheduled_for.date()])
+    return Occurrence.objects.create(
+        id=occurrence_id_for(sched.id, sched.version, scheduled_for),
+        scheduled_for=scheduled_for,
+        schedule=sched,
+        schedule_version=sched.version,
+        tenant_id=sched.tenant_id,
+        lane=Lane.STRICT,
+        state=state,
+        available_at=scheduled_for,
+        created_at=timezone.now(),
+    )
+
+
+def state_of(occ: Occurrence) -> str:
+    return str(
+        Occurrence.objects.filter(id=occ.id, scheduled_for=occ.scheduled_for)
+        .values_list("state", flat=True)
+        .get()
+    )

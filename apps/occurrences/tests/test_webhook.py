@@ -1,0 +1,250 @@
+"""The webhook handler against a real local HTTP server, and the SSRF guard's refusals."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from apps.occurrences.execution import occurrence_execute
+from apps.occurrences.handlers import HandlerContext, PermanentError, TransientError, get_handler
+from apps.occurrences.ssrf import Allowlist, SSRFRefused, address_refusal, check_url
+from apps.occurrences.tests.exec_helpers import occurrence, schedule
+from apps.occurrences.webhook import WebhookPayloadError, validate_webhook_payload, webhook_send
+
+
+class _Recorder(BaseHTTPRequestHandler):
+    requests: list[dict[str, Any]]
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+        length = int(self.headers.get("Content-Length", 0))
+        body = self.rfile.read(length)
+        self.server.requests.append(  # type: ignore[attr-defined]
+            {"path": self.path, "headers": dict(self.headers), "body": body}
+        )
+        if self.path.startswith("/sleep"):
+            time.sleep(1.5)
+        status = int(self.path.split("/status/")[1]) if "/status/" in self.path else 200
+        self.send_response(status)
+        if 300 <= status < 400:
+            port = self.server.server_port  # type: ignore[attr-defined]
+            self.send_header("Location", f"http://127.0.0.1:{port}/moved")
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"ok")
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def _httpd() -> Iterator[ThreadingHTTPServer]:
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
+    httpd.requests = []  # type: ignore[attr-defined]
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05})
+    thread.daemon = True
+    thread.start()
+    yield httpd
+    httpd.shutdown()
+    httpd.server_close()
+
+
+@pytest.fixture
+def server(_httpd: ThreadingHTTPServer) -> ThreadingHTTPServer:
+    _httpd.requests.clear()  # type: ignore[attr-defined]
+    return _httpd
+
+
+@pytest.fixture
+def allow_loopback(settings: Any) -> None:
+    settings.TICK_WEBHOOK_ALLOWLIST = ["127.0.0.1/32"]
+
+
+def _ctx(payload: Any) -> HandlerContext:
+    return HandlerContext(
+        occurrence_id=uuid.uuid4(),
+        schedule_id=uuid.uuid4(),
+        schedule_version=1,
+        tenant_id=uuid.uuid4(),
+        scheduled_for=timezone.now(),
+        attempt_no=1,
+        payload=payload,
+    )
+
+
+def _url(server: ThreadingHTTPServer, path: str = "/hook") -> str:
+    return f"http://127.0.0.1:{server.server_port}{path}"
+
+
+# --- delivery to an allowlisted local server --------------------------------------------
+
+
+def test_webhook_posts_json_with_the_idempotency_key(server, allow_loopback):
+    ctx = _ctx({"url": _url(server, "/hook?x=1"), "body": {"n": 1}, "headers": {"X-Tenant": "a"}})
+
+    assert webhook_send(ctx=ctx) == 200
+
+    [request] = server.requests
+    assert request["path"] == "/hook?x=1"
+    assert request["headers"]["Idempotency-Key"] == str(ctx.occurrence_id)
+    assert request["headers"]["Content-Type"] == "application/json"
+    assert request["headers"]["X-Tenant"] == "a"
+    assert request["headers"]["Host"] == f"127.0.0.1:{server.server_port}"
+    assert json.loads(request["body"]) == {"n": 1}
+
+
+@pytest.mark.django_db
+def test_webhook_schedule_runs_through_the_worker_path(server, allow_loopback, tenant_a):
+    sched = schedule(tenant_a, handler="webhook", payload={"url": _url(server), "body": {"k": 2}})
+    occ = occurrence(sched, timezone.now())
+
+    summary = occurrence_execute(
+        occurrence_id=occ.id, scheduled_for=occ.scheduled_for, worker_id="w"
+    )
+
+    assert summary == {"status": "SUCCEEDED", "attempt_no": 1}
+    assert [r["headers"]["Idempotency-Key"] for r in server.requests] == [str(occ.id)]
+
+
+@pytest.mark.parametrize(
+    ("status", "error"),
+    [(500, TransientError), (503, TransientError), (429, TransientError), (408, TransientError),
+     (404, PermanentError), (400, PermanentError), (410, PermanentError), (301, PermanentError),
+     (302, PermanentError)],
+)  # fmt: skip
+def test_webhook_response_classes(server, allow_loopback, status, error):
+    with pytest.raises(error):
+        webhook_send(ctx=_ctx({"url": _url(server, f"/status/{status}")}))
+    # Redirects are not followed: the server saw exactly the one request.
+    assert [r["path"] for r in server.requests] == [f"/status/{status}"]
+
+
+def test_webhook_read_timeout_is_transient(server, allow_loopback, settings):
+    settings.TICK_WEBHOOK_READ_TIMEOUT_S = 0.3
+    started = time.monotonic()
+    with pytest.raises(TransientError, match="timed out"):
+        webhook_send(ctx=_ctx({"url": _url(server, "/sleep")}))
+    assert time.monotonic() - started < 1.2
+
+
+def test_webhook_connection_refused_is_transient(allow_loopback):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with pytest.raises(TransientError):
+        webhook_send(ctx=_ctx({"url": f"http://127.0.0.1:{port}/"}))
+
+
+def test_allowlisted_host_name_may_be_called(server, settings):
+    settings.TICK_WEBHOOK_ALLOWLIST = ["localhost"]
+    ctx = _ctx({"url": f"http://localhost:{server.server_port}/by-name"})
+    try:
+        webhook_send(ctx=ctx)
+    except TransientError:  # localhost may resolve to ::1 first, where nothing listens
+        pytest.skip("localhost resolved to an address the test server does not listen on")
+    assert server.requests[0]["headers"]["Host"] == f"localhost:{server.server_port}"
+
+
+# --- the SSRF guard ---------------------------------------------------------------------
+
+SSRF_VECTORS = [
+    "http://127.0.0.1:{port}/", "http://localhost:{port}/", "http://2130706433:{port}/",
+    "http://0x7f.1:{port}/", "http://0177.0.0.1:{port}/", "http://127.1:{port}/",
+    "http://0x7f000001:{port}/", "http://017700000001:{port}/", "http://127.0.0.01:{port}/",
+    "http://[::1]:{port}/", "http://[::ffff:127.0.0.1]:{port}/", "http://[::ffff:7f00:1]:{port}/",
+    "http://[::127.0.0.1]:{port}/", "http://[64:ff9b::7f00:1]:{port}/",
+    "http://[2002:7f00:1::]:{port}/", "http://[0:0:0:0:0:ffff:127.0.0.1]:{port}/",
+    "http://10.0.0.1/", "http://172.16.5.4/", "http://192.168.1.1/",
+    "http://169.254.169.254/latest/meta-data/", "http://[::ffff:169.254.169.254]/",
+    "http://[64:ff9b::a9fe:a9fe]/", "http://[2002:a9fe:a9fe::1]/", "http://100.64.0.1/",
+    "http://100.127.255.254/", "http://224.0.0.1/", "http://239.255.255.250/", "http://0.0.0.0/",
+    "http://0/", "http://[::]/", "http://255.255.255.255/", "http://240.0.0.1/",
+    "http://198.18.0.1/", "http://192.0.2.1/", "http://[fe80::1]/", "http://[fe80::1%25eth0]/",
+    "http://[fc00::1]/", "http://[fd12:3456::1]/", "http://[ff02::1]/",
+    "http://[2001:0:4136:e378:8000:63bf:3fff:fdd2]/", "http://[64:ff9b:1::a00:1]/",
+    "ftp://example.com/", "file:///etc/passwd", "gopher://127.0.0.1:{port}/_x",
+    "javascript:alert(1)", "http://user:pw@example.com/", "http:///no-host",
+    "http://example.com:99999/", "http://exa mple.com/",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("template", SSRF_VECTORS)
+def test_every_ssrf_vector_is_refused_and_nothing_is_sent(server, settings, template):
+    settings.TICK_WEBHOOK_ALLOWLIST = []
+    url = template.format(port=server.server_port)
+
+    with pytest.raises(PermanentError):
+        webhook_send(ctx=_ctx({"url": url}))
+
+    assert server.requests == []
+
+
+def test_name_resolving_to_any_private_address_is_refused(monkeypatch, settings):
+    # A DNS answer mixing a public and a private address (rebinding setups): refused whole.
+    settings.TICK_WEBHOOK_ALLOWLIST = []
+    answers = [("93.184.215.14", 80), ("10.1.2.3", 80)]
+
+    def fake_getaddrinfo(host, port, *args, **kwargs):
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", a) for a in answers]
+
+    monkeypatch.setattr("apps.occurrences.ssrf.socket.getaddrinfo", fake_getaddrinfo)
+
+    with pytest.raises(PermanentError, match="10.1.2.3"):
+        webhook_send(ctx=_ctx({"url": "http://rebind.example/"}))
+
+
+@pytest.mark.parametrize(
+    "address", ["8.8.8.8", "1.1.1.1", "2606:4700:4700::1111", "2002:808:808::1", "64:ff9b::808:808"]
+)
+def test_public_addresses_pass(address):
+    assert address_refusal(ipaddress.ip_address(address), Allowlist()) is None
+
+
+def test_check_url_parses_what_it_accepts():
+    target = check_url("HTTPS://Example.COM./a/b?c=d", allowlist=Allowlist())
+    assert (target.scheme, target.host, target.port, target.request_path, target.host_header) == (
+        "https", "example.com", 443, "/a/b?c=d", "example.com",
+    )  # fmt: skip
+    with pytest.raises(SSRFRefused):
+        check_url("http://10.0.0.1/", allowlist=Allowlist())
+    assert check_url("http://10.0.0.1/", allowlist=Allowlist.parse(["10.0.0.0/8"])).port == 80
+
+
+# --- create-time validation ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("payload", "field"),
+    [
+        ("https://example.com", "payload"),
+        ({}, "url"),
+        ({"url": "http://127.0.0.1/"}, "url"),
+        ({"url": "http://2130706433/"}, "url"),
+        ({"url": "https://example.com/", "headers": {"Idempotency-Key": "x"}}, "headers"),
+        ({"url": "https://example.com/", "headers": {"X-A": 1}}, "headers"),
+        ({"url": "https://example.com/", "headers": {"X-A": "a\r\nB: c"}}, "headers"),
+        ({"url": "https://example.com/", "extra": 1}, "payload"),
+        ({"url": "https://example.com/", "body": "x" * 300_000}, "body"),
+    ],
+)
+def test_validate_webhook_payload_names_the_bad_field(payload, field, settings):
+    settings.TICK_WEBHOOK_ALLOWLIST = []
+    with pytest.raises(WebhookPayloadError) as excinfo:
+        validate_webhook_payload(payload)
+    assert excinfo.value.field == field
+
+
+def test_valid_webhook_payload_passes_and_the_handler_is_registered():
+    validate_webhook_payload(
+        {"url": "https://example.com/hook", "body": [1], "headers": {"A": "b"}}
+    )
+    assert get_handler("webhook") is not None and get_handler("noop") is not None
