@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 
 from django.db import connection, transaction
 
+from apps.occurrences import metrics
+
 
 @dataclass
 class LeaseSet:
@@ -57,6 +59,12 @@ class LeaseSet:
                 """,
                 [self.role, self.owner],
             )
+            # Members of processes gone for a day are forgotten (the table stays tiny).
+            cursor.execute(
+                "DELETE FROM occurrences_leasemember "
+                "WHERE role = %s AND seen_at < now() - interval '1 day'",
+                [self.role],
+            )
             # Live members, whether or not they hold a shard yet (a newcomer holds none).
             cursor.execute(
                 "SELECT count(*) FROM occurrences_leasemember "
@@ -82,18 +90,23 @@ class LeaseSet:
                     SET owner = %s, generation = l.generation + 1,
                         lease_expires_at = now() + make_interval(secs => %s)
                     FROM (
-                        SELECT id FROM occurrences_shardlease
+                        SELECT id, owner AS previous FROM occurrences_shardlease
                         WHERE role = %s AND (lease_expires_at IS NULL OR lease_expires_at <= now())
                         ORDER BY shard
                         LIMIT %s
                         FOR UPDATE SKIP LOCKED
                     ) AS free
                     WHERE l.id = free.id
-                    RETURNING l.shard, l.generation
+                    RETURNING l.shard, l.generation, free.previous
                     """,
                     [self.owner, self.ttl_s, self.role, fair_share - len(held)],
                 )
-                held.update({shard: generation for shard, generation in cursor.fetchall()})
+                taken = cursor.fetchall()
+                held.update({shard: generation for shard, generation, _ in taken})
+                # An expired lease still naming another owner: that process died or froze.
+                takeovers = sum(1 for *_, previous in taken if previous not in ("", self.owner))
+                if takeovers:
+                    metrics.lease_takeovers.labels(role=self.role).inc(takeovers)
         self.held = held
         return held
 

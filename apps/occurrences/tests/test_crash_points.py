@@ -209,9 +209,10 @@ def test_relay_dying_after_publish_before_record_republishes_the_same_id(tenant_
     assert first.published == 1
     assert DispatchOutbox.objects.count() == 1  # confirmed, but not recorded
 
-    # when: its leases expire and another relay takes over
+    # when: it is gone (leases expired, no longer a live member) and another relay takes over
     with connection.cursor() as cursor:
         cursor.execute("UPDATE occurrences_shardlease SET lease_expires_at = now()")
+        cursor.execute("UPDATE occurrences_leasemember SET seen_at = now() - interval '1 hour'")
     survivor = publisher()
     second = relay_step(
         leases=leases(ShardLease.Role.RELAY, owner="survivor"), publisher=survivor,

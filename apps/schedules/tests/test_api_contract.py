@@ -293,7 +293,26 @@ def test_cursor_pages_keep_the_filter(api_a, tenant_a):
      ("tenant_id = %s AND handler = 'noop'", "schedule_tenant_handler_idx")],
 )  # fmt: skip
 def test_state_and_handler_filters_page_through_their_own_index(tenant_a, where, index):
-    # The planner prefers a seq scan on a tiny table; forbid it to see which index serves.
+    # A realistic spread (mostly ACTIVE `record` schedules, a few PAUSED `noop` ones) so the
+    # planner's choice between the tenant-leading indexes is decided by selectivity, not by
+    # ties on an empty table.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            INSERT INTO schedules_schedule
+                (id, tenant_id, name, kind, expression, time_zone, dst_gap, dst_fold,
+                 precision, flexible_window_s, misfire_policy, max_lateness_s, catchup_limit,
+                 overlap_policy, handler, payload, version, state, shard, created_at,
+                 updated_at)
+            SELECT gen_random_uuid(), %s, 'filler', 'CRON', '0 * * * *', 'UTC', 'skip',
+                   'first', 'STRICT', 0, 'FIRE_ONCE', 60, 0, 'ALLOW',
+                   CASE WHEN g %% 50 = 0 THEN 'noop' ELSE 'record' END, '{}', 1,
+                   CASE WHEN g %% 50 = 0 THEN 'PAUSED' ELSE 'ACTIVE' END, g %% 256,
+                   now() - make_interval(secs => g), now()
+            FROM generate_series(1, 3000) AS g
+            """,
+            [tenant_a.id],
+        )
     assert index in _plan(
         f"SELECT * FROM schedules_schedule WHERE {where} "
         "ORDER BY created_at DESC, id DESC LIMIT 51",
