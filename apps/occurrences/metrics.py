@@ -74,3 +74,100 @@ outbox_parked = Counter(
     "tick_outbox_parked_total",
     "Outbox rows set aside after repeated publish failures (their occurrences go DEAD)",
 )
+
+# --- observability (issue 8) ------------------------------------------------------------
+# Gauges below are set by one process (the scan in `manage.py reap`, or the process that
+# measures itself); `livemax` keeps them meaningful if they are ever read in multiprocess mode.
+due_backlog = Gauge(
+    "tick_due_backlog",
+    "Unparked outbox rows whose available_at falls before now + bucket (overdue included)",
+    ["bucket"],
+    multiprocess_mode="livemax",
+)
+for _bucket in ("1m", "5m", "15m"):
+    due_backlog.labels(bucket=_bucket)
+materialization_lag_seconds = Gauge(
+    "tick_materialization_lag_seconds",
+    "How far the earliest ACTIVE next_run_at trails now + planning window (0 = caught up)",
+    multiprocess_mode="livemax",
+)
+outbox_oldest_age_seconds = Gauge(
+    "tick_outbox_oldest_age_seconds",
+    "now - available_at of the oldest due, unparked outbox row (0 when none is due)",
+    multiprocess_mode="livemax",
+)
+outbox_rows = Gauge(
+    "tick_outbox_rows", "Outbox rows by status (due, future, parked)", ["status"],
+    multiprocess_mode="livemax",
+)  # fmt: skip
+queue_depth = Gauge(
+    "tick_queue_depth", "Ready messages in RabbitMQ, summed per lane", ["lane"],
+    multiprocess_mode="livemax",
+)  # fmt: skip
+queue_oldest_age_seconds = Gauge(
+    "tick_queue_oldest_age_seconds",
+    "Approximation of the oldest queued message: now - min(enqueued_at) of ENQUEUED "
+    "occurrences of the recent lookback (not yet claimed)",
+    multiprocess_mode="livemax",
+)
+stuck = Gauge(
+    "tick_stuck",
+    "Stuck-state scan: outbox rows older than the bound, ENQUEUED past the bound, RUNNING "
+    "past lease + grace, ACTIVE schedules with next_run_at far in the past",
+    ["kind"],
+    multiprocess_mode="livemax",
+)
+for _kind in ("outbox", "enqueued", "running", "schedules"):
+    stuck.labels(kind=_kind)
+stuck_outbox_by_tenant = Gauge(
+    "tick_stuck_outbox_by_tenant",
+    "Stuck outbox rows per tenant: the top TICK_METRICS_TOP_TENANTS tenants by count, the rest "
+    'summed as tenant="other" (bounded cardinality)',
+    ["tenant"],
+    multiprocess_mode="livemax",
+)
+lease_takeovers = Counter(
+    "tick_shard_lease_takeovers_total",
+    "Shard leases taken from another owner after expiry (not free or released ones)",
+    ["role"],
+)
+clock_skew_seconds = Gauge(
+    "tick_clock_skew_seconds",
+    "This process's clock minus the database clock (midpoint of the round trip)",
+    ["process"],
+    multiprocess_mode="livemax",
+)
+occurrence_state_seconds = Histogram(
+    "tick_occurrence_state_seconds",
+    "Time an occurrence spent in a state, observed when it leaves it",
+    ["state"],
+    buckets=LAG_BUCKETS,
+)
+reconcile_findings = Gauge(
+    "tick_reconcile_findings",
+    "Findings of the last online reconciliation of a recent window, by class",
+    ["kind"],
+    multiprocess_mode="livemax",
+)
+for _kind in ("missing", "unexpected", "stranded"):
+    reconcile_findings.labels(kind=_kind)
+scan_duration_seconds = Histogram(
+    "tick_scan_duration_seconds", "Duration of one stuck-state scan", buckets=LAG_BUCKETS
+)
+
+
+def measure_clock_skew(process: str) -> float:
+    """Process clock minus database clock, from one `SELECT clock_timestamp()` round trip."""
+    import time
+
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        before = time.time()
+        cursor.execute("SELECT extract(epoch FROM clock_timestamp())")
+        after = time.time()
+        row = cursor.fetchone()
+    assert row is not None
+    skew = (before + after) / 2 - float(row[0])
+    clock_skew_seconds.labels(process=process).set(skew)
+    return skew
