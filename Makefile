@@ -8,7 +8,7 @@ ENV_FILE := .run/services.env
 
 export DJANGO_DEBUG ?= 1
 
-.PHONY: run test lint pytest install services services-stop migrate schema clean
+.PHONY: run test lint pytest install services services-stop migrate schema clean browsers
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -46,7 +46,14 @@ lint: install
 	$(BIN)/python manage.py check --fail-level WARNING
 	$(BIN)/python manage.py spectacular --validate --fail-on-warn --file /dev/null
 
-pytest: services
+# Headless Chromium for the web UI's browser tests: Debian's packages, never a downloaded
+# browser build. A no-op once installed (CI runs as root).
+browsers:
+	@test -x /usr/bin/chromium -a -x /usr/bin/chromedriver || { \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	  apt-get install -y -qq --no-install-recommends chromium chromium-driver; }
+
+pytest: services browsers
 	set -a && source $(ENV_FILE) && set +a && $(BIN)/pytest
 
 test: lint pytest

@@ -4,10 +4,60 @@ from __future__ import annotations
 
 import os
 
-from celery import Celery
+from celery import Celery, signals
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tickweb.settings")
 
 app = Celery("tickweb")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+
+# --- observability (issue 8) ------------------------------------------------------------
+# Prefork workers observe metrics in child processes. With PROMETHEUS_MULTIPROC_DIR set
+# (before the worker starts), each child writes its samples to that directory and the parent
+# serves the sum on TICK_WORKER_METRICS_PORT (/metrics, /healthz, /readyz). Without it (e.g.
+# --pool solo/threads) the parent's own registry is served.
+def _worker_metrics_port() -> int:
+    return int(os.environ.get("TICK_WORKER_METRICS_PORT", "0") or 0)
+
+
+@signals.worker_init.connect
+def _clear_multiproc_dir(**_: object) -> None:
+    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if directory:
+        os.makedirs(directory, exist_ok=True)
+        for name in os.listdir(directory):
+            if name.endswith(".db"):
+                os.remove(os.path.join(directory, name))
+
+
+@signals.worker_ready.connect
+def _serve_worker_metrics(**_: object) -> None:
+    global _worker_health
+    port = _worker_metrics_port()
+    if not port:
+        return
+    from prometheus_client import REGISTRY, CollectorRegistry, multiprocess
+
+    from apps.occurrences.health import ProcessHealth, serve_process
+
+    registry = REGISTRY
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+    # The parent process only supervises: once ready it stays live until shutdown.
+    _worker_health = ProcessHealth("worker", stale_after_s=float("inf"))
+    _worker_health.beat(ok=True)
+    serve_process(port, _worker_health, registry=registry)
+
+
+@signals.worker_process_shutdown.connect
+def _mark_child_dead(pid: int | None = None, **_: object) -> None:
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        from prometheus_client import multiprocess
+
+        multiprocess.mark_process_dead(pid or os.getpid())  # type: ignore[no-untyped-call]
+
+
+_worker_health: object = None

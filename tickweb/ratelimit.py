@@ -13,14 +13,18 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.utils import timezone
 from prometheus_client import Counter
 from rest_framework.request import Request
 from rest_framework.throttling import BaseThrottle
 
+from apps.occurrences.metrics import TenantLabels
 from apps.tenants.authentication import TenantPrincipal
 from apps.tenants.services import api_key_rate_hit
 
+# Bounded cardinality: the first N tenants seen keep their label, the rest are "other".
+_tenant_label = TenantLabels(settings.TICK_METRICS_TOP_TENANTS)
 throttled_requests = Counter(
     "tick_api_throttled_requests_total",
     "API requests refused with 429 by the per-key rate limit.",
@@ -43,7 +47,7 @@ class ApiKeyRateThrottle(BaseThrottle):
         )
         if not decision.allowed:
             self._retry_after = decision.retry_after_s
-            throttled_requests.labels(tenant=principal.tenant.slug).inc()
+            throttled_requests.labels(tenant=_tenant_label(principal.tenant.slug)).inc()
         return decision.allowed
 
     def wait(self) -> float | None:

@@ -228,3 +228,39 @@ from apps.occurrences.queues import celery_queues  # noqa: E402
 
 CELERY_TASK_QUEUES = celery_queues(TICK_QUEUE_PREFIX, TICK_TENANT_PARTITIONS)
 CELERY_TASK_DEFAULT_QUEUE = f"{TICK_QUEUE_PREFIX}.strict.p0"
+
+# --- web UI (issue 7) -------------------------------------------------------------------
+# Server-rendered tenant pages (apps/*/views.py, templates/), htmx vendored by django-htmx.
+INSTALLED_APPS += ["django_htmx"]
+MIDDLEWARE.insert(
+    MIDDLEWARE.index("django.contrib.messages.middleware.MessageMiddleware") + 1,
+    "django_htmx.middleware.HtmxMiddleware",
+)
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "dashboard"
+LOGOUT_REDIRECT_URL = "login"
+
+# --- observability (issue 8) ------------------------------------------------------------
+# Tenant-labelled metrics keep the top N tenants by value and sum the rest as "other".
+TICK_METRICS_TOP_TENANTS = env_int("TICK_METRICS_TOP_TENANTS", 10)
+# Structured logs: every record carries tenant/schedule/occurrence ids ("-" when the line is
+# about a batch); key=value text by default, one JSON object per line with LOG_FORMAT=json.
+LOGGING = {
+    **LOGGING,
+    "filters": {"tick_ids": {"()": "apps.occurrences.logs.IdsFilter"}},
+    "formatters": {
+        "kv": {
+            "format": "%(asctime)s %(levelname)s %(name)s tenant=%(tenant_id)s "
+            "schedule=%(schedule_id)s occurrence=%(occurrence_id)s %(message)s"
+        },
+        "json": {"()": "apps.occurrences.logs.JsonFormatter"},
+    },
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "filters": ["tick_ids"],
+            "formatter": "json" if env_str("LOG_FORMAT", "kv") == "json" else "kv",
+        }
+    },
+}
+SECURE_REDIRECT_EXEMPT += [r"^healthz$", r"^readyz$"]

@@ -2,14 +2,26 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from apps.occurrences import health
+from apps.occurrences.admin import admin_urlpatterns as occurrence_admin_urls
+
 urlpatterns = [
+    # Support staff's occurrence browser (composite keys: no ModelAdmin), before the admin.
+    path("admin/", include(occurrence_admin_urls)),
     path("admin/", admin.site.urls),
     # Prometheus exposition at /metrics (Tick's own metrics: apps/occurrences/metrics.py).
     path("", include("django_prometheus.urls")),
+    # Liveness and readiness of the web process (issue 8; apps/occurrences/health.py).
+    path("healthz", health.healthz, name="healthz"),
+    path("readyz", health.readyz, name="readyz"),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("api/v1/", include("apps.schedules.api_urls")),
     path("api/v1/", include("apps.occurrences.api_urls")),
+    # Tenant web UI (issue 7): log in, dashboard, schedules, occurrences, DLQ, keys, members.
+    path("", include("apps.tenants.urls")),
+    path("", include("apps.schedules.urls")),
+    path("", include("apps.occurrences.urls")),
 ]
 
 # Django-level 400s (e.g. a body over DATA_UPLOAD_MAX_MEMORY_SIZE → 413) in the API error shape.

@@ -1,9 +1,23 @@
-from django.contrib import admin
+import json
+import uuid
+from datetime import timedelta
 
-from apps.occurrences.models import DispatchOutbox, ShardLease
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.db.models import QuerySet
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import path, reverse
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+
+from apps.occurrences.execution import occurrences_replay
+from apps.occurrences.models import Attempt, DispatchOutbox, Occurrence, ShardLease
+from apps.tenants.models import Tenant
 
 # Occurrence and Attempt have composite primary keys (id, scheduled_for), which Django 5.2's
-# admin refuses to register; support staff read them through the occurrence API and pages.
+# admin refuses to register: support staff use the occurrence browser views at the end of
+# this file (/admin/occurrences/browse/).
 
 
 @admin.register(DispatchOutbox)
@@ -21,3 +35,127 @@ class ShardLeaseAdmin(admin.ModelAdmin[ShardLease]):
     list_display = ["role", "shard", "owner", "generation", "lease_expires_at"]
     list_filter = ["role", "owner"]
     readonly_fields = ["role", "shard", "owner", "generation", "lease_expires_at"]
+
+
+# --------------------------------------------------------------------------------------------
+# Support staff's occurrence browser (issue 7). Occurrence and Attempt have composite primary
+# keys, so there is no ModelAdmin: these admin-site views list occurrences across tenants
+# (filters by tenant, state, schedule and a bounded time range; keyset pages; the planner's
+# row estimate instead of COUNT(*)), show one with its attempts, and replay DEAD ones through
+# the same service as the API (`occurrences_replay`).
+# --------------------------------------------------------------------------------------------
+
+
+BROWSER_PAGE = 100
+
+
+def estimated_rows(queryset: QuerySet[Occurrence]) -> int | None:
+    """The planner's row estimate for the filtered query: free, unlike COUNT(*) over
+    hundreds of millions of partitioned rows."""
+    try:
+        plan = json.loads(queryset.explain(format="json"))
+        return int(plan[0]["Plan"]["Plan Rows"])
+    except (ValueError, KeyError, IndexError, TypeError):
+        return None
+
+
+def _staff_only(request: HttpRequest) -> None:
+    if not request.user.has_perm("occurrences.view_dispatchoutbox"):
+        raise PermissionDenied
+
+
+def occurrence_browser(request: HttpRequest) -> HttpResponse:
+    _staff_only(request)
+    now = timezone.now()
+    params = request.GET
+    hours = params.get("hours", "24")
+    span = timedelta(hours=int(hours)) if hours.isdigit() and 0 < int(hours) <= 24 * 31 else None
+    span = span or timedelta(hours=24)
+    until = parse_datetime(params.get("until", "")) or now + timedelta(hours=1)
+    since = until - span
+    queryset = Occurrence.objects.filter(scheduled_for__gte=since, scheduled_for__lt=until)
+    tenants = list(Tenant.objects.order_by("slug").values_list("id", "slug"))
+    if params.get("tenant"):
+        queryset = queryset.filter(tenant__slug=params["tenant"])
+    if params.get("state") in Occurrence.State.values:
+        queryset = queryset.filter(state=params["state"])
+    if params.get("schedule"):
+        try:
+            queryset = queryset.filter(schedule_id=uuid.UUID(params["schedule"]))
+        except ValueError:
+            messages.error(request, "Schedule must be a UUID.")
+    if params.get("before"):
+        before = parse_datetime(params["before"])
+        if before is not None:
+            queryset = queryset.filter(scheduled_for__lt=before)
+    rows = list(queryset.select_related("tenant", "schedule").order_by("-scheduled_for")[
+        : BROWSER_PAGE + 1
+    ])  # fmt: skip
+    more = len(rows) > BROWSER_PAGE
+    rows = rows[:BROWSER_PAGE]
+    query = params.copy()
+    query.pop("before", None)
+    context = {
+        **admin.site.each_context(request),
+        "title": "Occurrences (read-only)", "rows": rows, "estimate": estimated_rows(queryset),
+        "since": since, "until": until, "tenants": tenants, "states": Occurrence.State.choices,
+        "params": params, "filters": query.urlencode(),
+        "next_before": rows[-1].scheduled_for.isoformat() if more and rows else None,
+        "can_replay": request.user.has_perm("occurrences.change_dispatchoutbox"),
+    }  # fmt: skip
+    return render(request, "admin/tick/occurrence_browser.html", context)
+
+
+def occurrence_admin_detail(request: HttpRequest, occurrence_id: str) -> HttpResponse:
+    _staff_only(request)
+    try:
+        occurrence = (
+            Occurrence.objects.select_related("tenant", "schedule").filter(id=occurrence_id).first()
+        )
+    except ValidationError:
+        occurrence = None
+    if occurrence is None:
+        raise Http404("No such occurrence.")
+    attempts = Attempt.objects.filter(
+        occurrence_id=occurrence.id, scheduled_for=occurrence.scheduled_for
+    ).order_by("attempt_no")
+    context = {
+        **admin.site.each_context(request),
+        "title": f"Occurrence {occurrence.id}", "occ": occurrence, "attempts": attempts,
+        "can_replay": request.user.has_perm("occurrences.change_dispatchoutbox"),
+    }  # fmt: skip
+    return render(request, "admin/tick/occurrence_detail.html", context)
+
+
+def occurrence_admin_replay(request: HttpRequest) -> HttpResponse:
+    """Replay DEAD occurrences (POST ids), grouped by tenant, through `occurrences_replay`."""
+    if request.method != "POST":
+        return redirect(reverse("admin-occurrences"))
+    if not request.user.has_perm("occurrences.change_dispatchoutbox"):
+        raise PermissionDenied
+    ids = []
+    for value in request.POST.getlist("ids")[:500]:
+        try:
+            ids.append(uuid.UUID(value))
+        except ValueError:
+            continue
+    by_tenant: dict[uuid.UUID, list[uuid.UUID]] = {}
+    for occ_id, tenant_id in Occurrence.objects.filter(id__in=ids).values_list("id", "tenant_id"):
+        by_tenant.setdefault(tenant_id, []).append(occ_id)
+    replayed, not_dead = 0, 0
+    for tenant_id, tenant_ids in by_tenant.items():
+        result = occurrences_replay(tenant_id=tenant_id, occurrence_ids=tenant_ids)
+        replayed += len(result.replayed)
+        not_dead += len(result.not_dead)
+    messages.success(request, f"Replayed {replayed}; {not_dead} were not DEAD and were left alone.")
+    return redirect(reverse("admin-occurrences"))
+
+
+admin_urlpatterns = [
+    path("occurrences/browse/", admin.site.admin_view(occurrence_browser),
+         name="admin-occurrences"),
+    path("occurrences/browse/replay/", admin.site.admin_view(occurrence_admin_replay),
+         name="admin-occurrences-replay"),
+    path("occurrences/browse/<str:occurrence_id>/", admin.site.admin_view(occurrence_admin_detail),
+         name="admin-occurrence-detail"),
+]  # fmt: skip

@@ -53,7 +53,7 @@ from django.db import connection, transaction
 from django.db.backends.utils import CursorWrapper
 from django.utils import timezone
 
-from apps.occurrences import metrics
+from apps.occurrences import logs, metrics
 from apps.occurrences import webhook as _webhook  # noqa: F401 - registers the handler
 from apps.occurrences.handlers import (
     Canceled,
@@ -161,7 +161,7 @@ def occurrence_claim(
             SELECT o.state, o.schedule_version, o.attempt_count, o.tenant_id,
                    o.attempt_base, o.deadline_at, o.cancel_requested_at IS NOT NULL,
                    s.id, s.version, s.state, s.handler, s.payload::text, s.shard,
-                   s.overlap_policy, t.max_running, t.retry_budget_per_hour
+                   s.overlap_policy, t.max_running, t.retry_budget_per_hour, o.enqueued_at
             FROM occurrences_occurrence o
             JOIN schedules_schedule s ON s.id = o.schedule_id
             JOIN tenants_tenant t ON t.id = o.tenant_id
@@ -175,7 +175,7 @@ def occurrence_claim(
             return Claim(ClaimStatus.NOT_FOUND)
         (state, occ_version, attempt_count, tenant_id, attempt_base, deadline_at,
          cancel_requested, schedule_id, version, schedule_state, handler, payload, shard,
-         overlap_policy, max_running, retry_budget) = row  # fmt: skip
+         overlap_policy, max_running, retry_budget, enqueued_at) = row  # fmt: skip
         occ = _Occ(occurrence_id, scheduled_for, schedule_id, occ_version, tenant_id, shard)
         # 1a. state, cancellation, version
         if state not in CLAIMABLE:
@@ -211,6 +211,9 @@ def occurrence_claim(
             metrics.quota_delays.inc()
             return Claim(ClaimStatus.DELAYED)
         # 1d. the attempt
+        if state == Occurrence.State.ENQUEUED and enqueued_at is not None:
+            wait = (now - enqueued_at).total_seconds()
+            metrics.occurrence_state_seconds.labels(state="ENQUEUED").observe(max(wait, 0.0))
         attempt_no = attempt_count + 1
         attempt_id, lease_token = uuid.uuid4(), uuid.uuid4()
         cursor.execute(
@@ -717,7 +720,8 @@ def occurrence_execute(
         occurrence_id=occurrence_id, scheduled_for=scheduled_for, worker_id=worker_id
     )
     if claim.status != ClaimStatus.CLAIMED or claim.context is None:
-        log.info("occurrence %s not run: %s", occurrence_id, claim.status.value)
+        log.info("occurrence %s not run: %s", occurrence_id, claim.status.value,
+                 extra=logs.ids(occurrence_id=occurrence_id))  # fmt: skip
         return {"status": claim.status.value}
     handler = get_handler(claim.handler)
     error: BaseException | None = None
@@ -731,10 +735,17 @@ def occurrence_execute(
         except Exception as exc:  # noqa: BLE001 - every handler failure is classified below
             error = exc
             log.warning("occurrence %s attempt %s failed: %r", occurrence_id,
-                        claim.context.attempt_no, exc)  # fmt: skip
+                        claim.context.attempt_no, exc,
+                        extra=logs.ids(tenant_id=claim.context.tenant_id,
+                                       schedule_id=claim.context.schedule_id,
+                                       occurrence_id=occurrence_id))  # fmt: skip
         finally:
             heartbeat.stopped.set()
             heartbeat.join()
     state = attempt_complete(claim=claim, error=error)
     status = "stale" if state is None else str(state)
+    log.info("occurrence %s attempt %s: %s", occurrence_id, claim.context.attempt_no, status,
+             extra=logs.ids(tenant_id=claim.context.tenant_id,
+                            schedule_id=claim.context.schedule_id,
+                            occurrence_id=occurrence_id))  # fmt: skip
     return {"status": status, "attempt_no": claim.context.attempt_no}

@@ -12,8 +12,9 @@ from collections.abc import Callable
 from types import FrameType
 
 from django.db import close_old_connections
-from prometheus_client import start_http_server
 
+from apps.occurrences import metrics
+from apps.occurrences.health import ProcessHealth, serve_process
 from apps.occurrences.leases import LeaseSet
 
 log = logging.getLogger(__name__)
@@ -47,8 +48,9 @@ def run_leased_loop(
     With `metrics_port`, the process's Prometheus metrics are served on that port;
     `before_release` runs at shutdown while the leases are still held (to finish fenced work).
     """
+    health = ProcessHealth(leases.role)
     if metrics_port:
-        start_http_server(metrics_port, addr="127.0.0.1")
+        serve_process(metrics_port, health)
     stop = StopFlag()
     renew_every = max(leases.ttl_s / 3, 1.0)
     next_renew = 0.0
@@ -58,10 +60,13 @@ def run_leased_loop(
                 held = leases.refresh()
                 next_renew = time.monotonic() + renew_every
                 log.debug("%s holds %d shards", leases.owner, len(held))
+                metrics.measure_clock_skew(leases.role)
             try:
                 done = unit()
+                health.beat(ok=True)
             except Exception:
                 log.exception("%s: unit of work failed; retrying", leases.owner)
+                health.beat(ok=False)
                 close_old_connections()
                 done = 0
                 time.sleep(idle_sleep_s)

@@ -171,3 +171,23 @@ def measure_clock_skew(process: str) -> float:
     skew = (before + after) / 2 - float(row[0])
     clock_skew_seconds.labels(process=process).set(skew)
     return skew
+
+
+class TenantLabels:
+    """Bounded tenant label for counters observed on a hot path (no query to rank tenants):
+    the first `limit` distinct tenants a process sees keep their own label, every later one
+    is counted as "other". Cardinality per process <= limit + 1. Gauges computed by a scan
+    rank tenants instead (stuck.bounded_tenant_counts: top N by value + "other")."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._known: set[str] = set()
+
+    def __call__(self, tenant: object) -> str:
+        key = str(tenant)
+        if key in self._known:
+            return key
+        if len(self._known) < self.limit:
+            self._known.add(key)
+            return key
+        return "other"

@@ -410,6 +410,8 @@ def relay_step(
         lag = (at - reference).total_seconds()
         result.lags.append(lag)
         metrics.schedule_lag_seconds.labels(lane=row.lane).observe(lag)
+        # SCHEDULED ends at the confirm; its time is counted from when it came due.
+        metrics.occurrence_state_seconds.labels(state="SCHEDULED").observe(max(lag, 0.0))
         metrics.published.labels(lane=row.lane).inc()
     metrics.publish_failures.inc(result.failed)
     return result

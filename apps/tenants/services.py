@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -13,6 +14,7 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
+from django.core.exceptions import ValidationError
 from django.db import connection, transaction
 from django.utils import timezone
 
@@ -205,3 +207,24 @@ def idempotency_purge(*, now: datetime, limit: int = 10_000) -> int:
     )
     deleted, _ = IdempotencyKey.objects.filter(id__in=ids).delete()
     return deleted
+
+
+# --------------------------------------------------------------------------------------------
+# Web UI (issue 7): tenant-scoped key revocation
+# --------------------------------------------------------------------------------------------
+
+
+def api_key_revoke_for_tenant(
+    *, tenant: Tenant, key_id: uuid.UUID | str, now: datetime | None = None
+) -> ApiKey | None:
+    """Revoke one key of `tenant` by id; None if the tenant has no such key (another tenant's
+    id included). Revoking twice keeps the first revocation time."""
+    now = now or timezone.now()
+    try:
+        key = ApiKey.objects.get(tenant=tenant, id=key_id)
+    except (ApiKey.DoesNotExist, ValueError, TypeError, ValidationError):
+        return None
+    if key.revoked_at is None:
+        ApiKey.objects.filter(pk=key.pk, revoked_at__isnull=True).update(revoked_at=now)
+        key.refresh_from_db(fields=["revoked_at"])
+    return key

@@ -1,0 +1,161 @@
+"""Tenant dashboard reads (web UI, issue 7). Every query is tenant-scoped and bounded by a
+`scheduled_for` range, so it touches only the day partitions of that range."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import connection
+from django.db.models import Count
+from django.db.models.functions import TruncMinute
+
+from apps.occurrences.models import Occurrence
+from apps.occurrences.selectors import occurrences_for
+from apps.schedules.selectors import schedules_for
+from apps.tenants.models import Tenant
+
+LAG_BUCKET_S = 300
+
+# Lag per 5-minute bucket of scheduled_for and lane: strict = enqueued_at - scheduled_for,
+# flexible = enqueued_at - available_at (SPEC §1). Percentiles are computed in PostgreSQL.
+_LAG = """
+    SELECT to_timestamp(floor(extract(epoch FROM scheduled_for) / %(bucket)s) * %(bucket)s)
+               AS bucket,
+           lane,
+           count(*),
+           percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY extract(epoch FROM
+               enqueued_at - CASE WHEN lane = 'flexible' THEN available_at
+                                  ELSE scheduled_for END))
+    FROM occurrences_occurrence
+    WHERE tenant_id = %(tenant)s AND scheduled_for >= %(since)s AND scheduled_for < %(until)s
+      AND enqueued_at IS NOT NULL AND lane IN ('strict', 'flexible')
+    GROUP BY 1, 2
+    ORDER BY 1, 2
+"""
+
+
+@dataclass(frozen=True)
+class LagPoint:
+    bucket: datetime
+    lane: str
+    count: int
+    p50: float
+    p95: float
+    p99: float
+
+
+def lag_percentiles(*, tenant: Tenant, now: datetime, hours: int = 6) -> list[LagPoint]:
+    since = now - timedelta(hours=hours)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _LAG, {"bucket": LAG_BUCKET_S, "tenant": tenant.id, "since": since, "until": now}
+        )
+        rows = cursor.fetchall()
+    return [
+        LagPoint(row[0], row[1], int(row[2]), *(round(float(v), 3) for v in row[3])) for row in rows
+    ]
+
+
+def lag_chart_data(points: list[LagPoint]) -> dict[str, Any]:
+    """Chart.js-ready series: one label per bucket, p50/p95/p99 per lane (None = no data)."""
+    labels = sorted({p.bucket for p in points})
+    index = {(p.bucket, p.lane): p for p in points}
+    series: dict[str, Any] = {}
+    for lane in ("strict", "flexible"):
+        for q in ("p50", "p95", "p99"):
+            series[f"{lane}_{q}"] = [
+                getattr(index[(b, lane)], q) if (b, lane) in index else None for b in labels
+            ]
+    return {"labels": [b.strftime("%H:%M") for b in labels], "series": series}
+
+
+def schedules_by_state(*, tenant: Tenant) -> dict[str, int]:
+    rows = schedules_for(tenant=tenant).values("state").annotate(n=Count("id")).order_by()
+    return {row["state"]: row["n"] for row in rows}
+
+
+def occurrences_by_state(*, tenant: Tenant, since: datetime, until: datetime) -> dict[str, int]:
+    rows = (
+        occurrences_for(tenant=tenant)
+        .filter(scheduled_for__gte=since, scheduled_for__lt=until)
+        .values("state")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    return {row["state"]: row["n"] for row in rows}
+
+
+def due_backlog(*, tenant: Tenant, now: datetime, minutes: int = 10) -> list[dict[str, Any]]:
+    """Per minute from 5 min ago to `minutes` ahead: occurrences not yet handed to the queue
+    (SCHEDULED) and active schedules whose next instant is not yet materialized."""
+    start = now.replace(second=0, microsecond=0) - timedelta(minutes=5)
+    end = start + timedelta(minutes=5 + minutes + 1)
+    pending = {
+        row["minute"]: row["n"]
+        for row in occurrences_for(tenant=tenant)
+        .filter(scheduled_for__gte=start, scheduled_for__lt=end,
+                state=Occurrence.State.SCHEDULED)
+        .annotate(minute=TruncMinute("scheduled_for"))
+        .values("minute")
+        .annotate(n=Count("id"))
+        .order_by()
+    }  # fmt: skip
+    due = schedules_for(tenant=tenant).filter(state="ACTIVE")
+    unmaterialized = {
+        row["minute"]: row["n"]
+        for row in due.filter(next_run_at__gte=start, next_run_at__lt=end)
+        .annotate(minute=TruncMinute("next_run_at"))
+        .values("minute")
+        .annotate(n=Count("id"))
+        .order_by()
+    }
+    # Schedules whose next instant is older than the window: overdue, shown in its first row.
+    overdue = due.filter(next_run_at__lt=start).count()
+    unmaterialized[start] = unmaterialized.get(start, 0) + overdue
+    rows = []
+    minute = start
+    while minute < end:
+        rows.append({
+            "minute": minute, "past": minute < now.replace(second=0, microsecond=0),
+            "pending": pending.get(minute, 0), "unmaterialized": unmaterialized.get(minute, 0),
+        })  # fmt: skip
+        minute += timedelta(minutes=1)
+    return rows
+
+
+def dlq_count(*, tenant: Tenant, now: datetime) -> int:
+    """DEAD occurrences within retention (older partitions are dropped anyway)."""
+    since = now - timedelta(days=settings.TICK_RETENTION_DAYS)
+    return (
+        occurrences_for(tenant=tenant)
+        .filter(state=Occurrence.State.DEAD, scheduled_for__gte=since)
+        .count()
+    )
+
+
+def quota_usage(*, tenant: Tenant, now: datetime) -> list[dict[str, Any]]:
+    active = schedules_for(tenant=tenant).filter(state__in=["ACTIVE", "PAUSED"]).count()
+    running = (
+        occurrences_for(tenant=tenant)
+        .filter(state=Occurrence.State.RUNNING,
+                scheduled_for__gte=now - timedelta(seconds=settings.TICK_OVERLAP_LOOKBACK_S))
+        .count()
+    )  # fmt: skip
+    rows = [
+        ("Active + paused schedules", active, tenant.max_active_schedules),
+        ("Running occurrences", running, tenant.max_running),
+    ]
+    usage = [
+        {"name": name, "used": used, "limit": limit,
+         "percent": min(100, round(100 * used / limit)) if limit else 100}
+        for name, used, limit in rows
+    ]  # fmt: skip
+    return usage + [
+        {"name": "Trigger rate (per s)", "used": None, "limit": tenant.trigger_rate_per_s},
+        {"name": "Catch-up rate (per s)", "used": None, "limit": tenant.catchup_rate_per_s},
+        {"name": "Retries per hour", "used": None, "limit": tenant.retry_budget_per_hour},
+        {"name": "Min interval between fires (s)", "used": None, "limit": tenant.min_interval_s},
+    ]

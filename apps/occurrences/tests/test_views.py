@@ -1,0 +1,296 @@
+"""Web UI of occurrences: dashboard, list, detail, DLQ with replay; and the support staff's
+admin occurrence browser — with the tenancy trio."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from apps.occurrences import dashboard as dash
+from apps.occurrences.models import Attempt, DispatchOutbox, Occurrence
+from apps.occurrences.tests.exec_helpers import occurrence, schedule, state_of
+
+pytestmark = pytest.mark.django_db
+
+
+def _dead(tenant, minutes_ago=1, error="HTTP 503 from https://example.com"):
+    occ = occurrence(
+        schedule(tenant), timezone.now() - timedelta(minutes=minutes_ago), state="DEAD"
+    )
+    Occurrence.objects.filter(id=occ.id).update(attempt_count=1, finished_at=timezone.now())
+    Attempt.objects.create(
+        scheduled_for=occ.scheduled_for, occurrence_id=occ.id, tenant_id=tenant.id, attempt_no=1,
+        lease_token=uuid.uuid4(), lease_expires_at=timezone.now(), worker_id="w",
+        started_at=timezone.now(), finished_at=timezone.now(), outcome="FAILED",
+        error_class="PermanentError", error_message=error,
+    )  # fmt: skip
+    return occ
+
+
+def _enqueued(tenant, *, minutes_ago, lag_s, lane="strict"):
+    at = (timezone.now() - timedelta(minutes=minutes_ago)).replace(microsecond=0)
+    occ = occurrence(schedule(tenant), at, state="SUCCEEDED")
+    Occurrence.objects.filter(id=occ.id).update(
+        lane=lane, enqueued_at=at + timedelta(seconds=lag_s)
+    )
+    return occ
+
+
+def test_dashboard_counts_and_lag_percentiles_are_tenant_scoped(client, alice, tenant_a, tenant_b):
+    for lag in (1, 2, 3, 4):
+        _enqueued(tenant_a, minutes_ago=2, lag_s=lag)
+    _enqueued(tenant_b, minutes_ago=2, lag_s=100)
+    _dead(tenant_a)
+    client.force_login(alice)
+
+    response = client.get("/")
+
+    assert response.status_code == 200
+    assert response.context["dlq"] == 1
+    rows = {state: (hour, day) for state, _, hour, day in response.context["occ_rows"]}
+    assert rows["SUCCEEDED"] == (4, 4) and rows["DEAD"] == (1, 1)
+    points = response.context["lag_points"]
+    assert {p.lane for p in points} == {"strict"} and sum(p.count for p in points) == 4
+    assert max(p.p99 for p in points) < 5
+    assert "lag-data" in response.content.decode()
+
+
+def test_lag_percentiles_split_strict_and_flexible(tenant_a):
+    now = timezone.now().replace(second=0, microsecond=0)
+    bucket_start = now - timedelta(minutes=now.minute % 5 + 10)
+    for lag in range(1, 101):
+        occ = occurrence(
+            schedule(tenant_a), bucket_start + timedelta(seconds=lag), state="SUCCEEDED"
+        )
+        Occurrence.objects.filter(id=occ.id).update(
+            enqueued_at=occ.scheduled_for + timedelta(seconds=lag / 10)
+        )
+    flex = occurrence(schedule(tenant_a), bucket_start, state="SUCCEEDED")
+    Occurrence.objects.filter(id=flex.id).update(
+        lane="flexible", available_at=bucket_start + timedelta(seconds=60),
+        enqueued_at=bucket_start + timedelta(seconds=61),
+    )  # fmt: skip
+
+    points = dash.lag_percentiles(tenant=tenant_a, now=timezone.now())
+
+    by_lane = {p.lane: p for p in points}
+    assert set(by_lane) == {"strict", "flexible"}
+    assert by_lane["strict"].count == 100
+    assert by_lane["strict"].p50 == pytest.approx(5.05)
+    assert by_lane["strict"].p99 == pytest.approx(9.901)
+    assert (by_lane["flexible"].p50, by_lane["flexible"].p99) == (1.0, 1.0)
+
+
+def test_empty_dashboard_explains_itself(client, alice):
+    client.force_login(alice)
+
+    page = client.get("/").content.decode()
+
+    assert "No occurrence in the last day yet" in page
+    assert "no lag to chart yet" in page
+
+
+def test_occurrence_list_is_tenant_scoped_and_filters_by_state(client, alice, tenant_a, tenant_b):
+    ok = occurrence(schedule(tenant_a), timezone.now() - timedelta(minutes=3), state="SUCCEEDED")
+    dead = _dead(tenant_a)
+    occurrence(schedule(tenant_b), timezone.now() - timedelta(minutes=3), state="SUCCEEDED")
+    client.force_login(alice)
+
+    everything = client.get("/occurrences/").context["occurrences"]
+    only_dead = client.get("/occurrences/", {"state": "DEAD"}).context["occurrences"]
+    by_schedule = client.get("/occurrences/", {"schedule": str(ok.schedule_id)}).context[
+        "occurrences"
+    ]
+
+    assert {r["occ"].id for r in everything} == {ok.id, dead.id}
+    assert [r["occ"].id for r in only_dead] == [dead.id]
+    assert [r["occ"].id for r in by_schedule] == [ok.id]
+
+
+def test_occurrence_list_time_range_is_bounded(client, alice, tenant_a):
+    old = occurrence(schedule(tenant_a), timezone.now() - timedelta(days=3), state="SUCCEEDED")
+    client.force_login(alice)
+
+    default = client.get("/occurrences/").context["occurrences"]
+    wide = client.get(
+        "/occurrences/", {"from": (timezone.now() - timedelta(days=4)).strftime("%Y-%m-%dT%H:%M")}
+    ).context["occurrences"]
+
+    assert default == []
+    assert [r["occ"].id for r in wide] == [old.id]
+
+
+def test_occurrence_detail_shows_attempts_errors_and_lag(client, bob, tenant_a):
+    dead = _dead(tenant_a, error="webhook answered HTTP 404: nope")
+    client.force_login(bob)
+
+    response = client.get(f"/occurrences/{dead.id}/")
+
+    assert response.status_code == 200
+    page = response.content.decode()
+    assert "webhook answered HTTP 404: nope" in page and "PermanentError" in page
+    assert "Replay" not in page  # viewer: read-only
+
+
+def test_outsider_gets_404_for_occurrence_detail(client, charlie, tenant_a):
+    dead = _dead(tenant_a)
+    client.force_login(charlie)
+
+    assert client.get(f"/occurrences/{dead.id}/").status_code == 404
+    assert client.get("/occurrences/not-a-uuid/").status_code == 404
+
+
+def test_dlq_lists_dead_with_last_error(client, alice, tenant_a, tenant_b):
+    dead = _dead(tenant_a, error="boom")
+    _dead(tenant_b)
+    occurrence(schedule(tenant_a), timezone.now(), state="SUCCEEDED")
+    client.force_login(alice)
+
+    response = client.get("/dlq/")
+
+    rows = response.context["occurrences"]
+    assert [r["occ"].id for r in rows] == [dead.id]
+    assert rows[0]["last"].error_message == "boom"
+
+
+def test_dlq_replay_of_a_selection_shows_the_result(client, alice, tenant_a):
+    first, second = _dead(tenant_a, 1), _dead(tenant_a, 2)
+    alive = occurrence(schedule(tenant_a), timezone.now(), state="SUCCEEDED")
+    client.force_login(alice)
+
+    response = client.post("/dlq/replay/", {"ids": [str(first.id), str(second.id),
+                                                    str(alive.id)]})  # fmt: skip
+
+    assert response.status_code == 200
+    result = response.context["result"]
+    assert set(result.replayed) == {first.id, second.id}
+    assert result.not_dead == {alive.id: "SUCCEEDED"}
+    assert (state_of(first), state_of(second)) == ("RETRY_WAIT", "RETRY_WAIT")
+    assert DispatchOutbox.objects.filter(lane="retry").count() == 2
+    assert "Replay result" in response.content.decode()
+
+
+def test_viewer_cannot_replay(client, bob, tenant_a):
+    dead = _dead(tenant_a)
+    client.force_login(bob)
+
+    assert "Replay selected" not in client.get("/dlq/").content.decode()
+    assert client.post("/dlq/replay/", {"ids": [str(dead.id)]}).status_code == 403
+    assert state_of(dead) == "DEAD"
+
+
+def test_outsider_replay_of_another_tenants_id_changes_nothing(client, charlie, tenant_a):
+    dead = _dead(tenant_a)
+    client.force_login(charlie)
+
+    response = client.post("/dlq/replay/", {"ids": [str(dead.id)]})
+
+    assert response.context["result"].not_found == [dead.id]
+    assert state_of(dead) == "DEAD"
+    assert DispatchOutbox.objects.count() == 0
+
+
+def test_empty_dlq_says_so(client, alice):
+    client.force_login(alice)
+
+    assert "The DLQ is empty" in client.get("/dlq/").content.decode()
+
+
+# --- Django admin (support staff) -----------------------------------------------------------
+
+
+@pytest.fixture
+def staff(admin_client):
+    return admin_client
+
+
+def test_admin_occurrence_browser_lists_across_tenants_and_replays(staff, tenant_a, tenant_b):
+    dead_a, dead_b = _dead(tenant_a), _dead(tenant_b)
+
+    page = staff.get("/admin/occurrences/browse/", {"state": "DEAD"})
+    assert page.status_code == 200
+    assert {o.id for o in page.context["rows"]} == {dead_a.id, dead_b.id}
+    assert page.context["estimate"] is not None
+    assert staff.get(f"/admin/occurrences/browse/{dead_a.id}/").status_code == 200
+
+    ids = [str(dead_a.id), str(dead_b.id)]
+    response = staff.post("/admin/occurrences/browse/replay/", {"ids": ids})
+
+    assert response.status_code == 302
+    assert (state_of(dead_a), state_of(dead_b)) == ("RETRY_WAIT", "RETRY_WAIT")
+
+
+def test_admin_occurrence_browser_refuses_tenant_users(client, alice):
+    client.force_login(alice)
+
+    assert client.get("/admin/occurrences/browse/").status_code == 302  # to the admin login
+
+
+def test_admin_pages_for_tenants_schedules_and_keys_render(staff, tenant_a):
+    sched = schedule(tenant_a)
+    for url in (
+        "/admin/tenants/tenant/", f"/admin/tenants/tenant/{tenant_a.pk}/change/",
+        "/admin/schedules/schedule/?q=test", f"/admin/schedules/schedule/{sched.pk}/change/",
+        "/admin/tenants/apikey/", "/admin/django_celery_results/taskresult/",
+    ):  # fmt: skip
+        assert staff.get(url).status_code == 200, url
+    usage = staff.get(f"/admin/tenants/tenant/{tenant_a.pk}/change/").content.decode()
+    assert "1 / 10000" in usage
+
+
+def test_admin_pause_action_goes_through_the_service(staff, tenant_a):
+    sched = schedule(tenant_a)
+
+    staff.post("/admin/schedules/schedule/", {"action": "pause", "_selected_action": [sched.pk]})
+
+    sched.refresh_from_db()
+    assert sched.state == "PAUSED"
+    assert sched.events.filter(kind="paused", actor="support:admin").count() == 1
+
+
+def test_occurrence_list_pages_by_keyset(client, alice, tenant_a):
+    sched = schedule(tenant_a)
+    now = timezone.now().replace(microsecond=0)
+    made = [occurrence(sched, now - timedelta(minutes=i), state="SUCCEEDED") for i in range(55)]
+    client.force_login(alice)
+
+    first = client.get("/occurrences/")
+    second = client.get("/occurrences/", {"after": first.context["next_cursor"]})
+
+    ids = [r["occ"].id for r in first.context["occurrences"] + second.context["occurrences"]]
+    assert (len(first.context["occurrences"]), len(second.context["occurrences"])) == (50, 5)
+    assert ids == [o.id for o in made]
+    assert second.context["next_cursor"] is None
+
+
+def test_pages_answer_friendly_404_and_403(client, bob, tenant_a):
+    client.force_login(bob)
+
+    missing = client.get(f"/schedules/{uuid.uuid4()}/")
+    refused = client.post("/dlq/replay/", {"ids": [str(uuid.uuid4())]})
+
+    assert missing.status_code == 404 and b"another tenant" in missing.content
+    assert refused.status_code == 403 and b"Viewers can see everything" in refused.content
+
+
+def test_due_backlog_counts_pending_and_unmaterialized_per_minute(tenant_a, tenant_b):
+    now = timezone.now().replace(second=30, microsecond=0)
+    minute = now.replace(second=0) + timedelta(minutes=3)
+    yearly = "0 0 1 7 *"  # holders of occurrences, never due inside the window
+    occurrence(
+        schedule(tenant_a, expression=yearly), minute + timedelta(seconds=5), state="SCHEDULED"
+    )
+    occurrence(schedule(tenant_b, expression=yearly), minute, state="SCHEDULED")
+    schedule(tenant_a, expression=yearly, next_run_at=minute + timedelta(minutes=1))
+    schedule(tenant_a, expression=yearly, next_run_at=now - timedelta(hours=1))  # overdue
+
+    rows = dash.due_backlog(tenant=tenant_a, now=now)
+
+    by_minute = {r["minute"]: (r["pending"], r["unmaterialized"]) for r in rows}
+    assert by_minute[minute] == (1, 0)
+    assert by_minute[minute + timedelta(minutes=1)] == (0, 1)
+    assert rows[0]["unmaterialized"] == 1 and rows[0]["past"]
+    assert sum(r["pending"] for r in rows) == 1

@@ -1,0 +1,136 @@
+"""The schedule form of the web UI. It only collects text from the page: validation is the
+API's (`ScheduleCreateSerializer`, which calls timerules), so a definition the API refuses is
+refused here with the same field errors."""
+
+from __future__ import annotations
+
+import json
+import zoneinfo
+from functools import cache
+from typing import Any
+
+from django import forms
+
+from apps.occurrences.handlers import handler_names
+from apps.schedules.models import Schedule
+from apps.schedules.serializers import (
+    ScheduleCreateSerializer,
+    SchedulePreviewDraftSerializer,
+    update_serializer,
+)
+
+
+@cache
+def zone_names() -> list[str]:
+    return sorted(zoneinfo.available_timezones())
+
+
+def _lower(choices: type[Any]) -> list[tuple[str, str]]:
+    return [(value.lower(), label) for value, label in choices.choices]
+
+
+class ScheduleForm(forms.Form):
+    name = forms.CharField(max_length=200, required=False)
+    kind = forms.ChoiceField(choices=[("cron", "Cron rule"), ("one_shot", "One-shot")])
+    expression = forms.CharField(max_length=200, required=False)
+    run_at = forms.CharField(max_length=64, required=False)
+    time_zone = forms.CharField(max_length=64, initial="UTC")
+    precision = forms.ChoiceField(choices=_lower(Schedule.Precision), initial="strict")
+    flexible_window_s = forms.IntegerField(min_value=0, max_value=300, required=False)
+    misfire_policy = forms.ChoiceField(choices=_lower(Schedule.MisfirePolicy), initial="fire_once")
+    max_lateness_s = forms.IntegerField(min_value=0, required=False)
+    catchup_limit = forms.IntegerField(min_value=0, required=False)
+    overlap_policy = forms.ChoiceField(choices=_lower(Schedule.OverlapPolicy), initial="allow")
+    dst_gap = forms.ChoiceField(choices=Schedule.DstGap.choices, initial="skip")
+    dst_fold = forms.ChoiceField(choices=Schedule.DstFold.choices, initial="first")
+    start_at = forms.CharField(max_length=64, required=False)
+    end_at = forms.CharField(max_length=64, required=False)
+    handler = forms.ChoiceField(choices=())
+    payload = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 4}))
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["handler"].choices = [(n, n) for n in handler_names()]  # type: ignore[attr-defined]
+
+    def clean_payload(self) -> Any:
+        text = self.cleaned_data.get("payload") or ""
+        if not text.strip():
+            return {}
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as err:
+            raise forms.ValidationError(f"Not valid JSON: {err.msg} (line {err.lineno}).") from None
+
+    def api_data(self) -> dict[str, Any]:
+        """The cleaned form as the API's create body (blank optional fields omitted)."""
+        data = self.cleaned_data
+        body: dict[str, Any] = {
+            "name": data.get("name") or "",
+            "kind": data["kind"],
+            "time_zone": (data.get("time_zone") or "UTC").strip(),
+            "precision": data["precision"],
+            "misfire_policy": data["misfire_policy"],
+            "overlap_policy": data["overlap_policy"],
+            "dst_gap": data["dst_gap"],
+            "dst_fold": data["dst_fold"],
+            "handler": data.get("handler") or "",
+            "payload": data.get("payload", {}),
+        }
+        # Both timing fields are always sent, so an edit that switches the kind (or clears a
+        # bound) replaces the saved value instead of inheriting it through the PATCH merge.
+        if data["kind"] == "cron":
+            body["expression"] = (data.get("expression") or "").strip()
+            body["run_at"] = None
+        else:
+            body["expression"] = ""
+            body["run_at"] = (data.get("run_at") or "").strip() or None
+        for name in ("flexible_window_s", "max_lateness_s", "catchup_limit"):
+            if data.get(name) is not None:
+                body[name] = data[name]
+        for name in ("start_at", "end_at"):
+            body[name] = (data.get(name) or "").strip() or None
+        return body
+
+
+def _merge_errors(form: forms.Form, errors: Any) -> None:
+    for field, messages in dict(errors).items():
+        target = field if field in form.fields else None
+        for message in messages if isinstance(messages, list) else [messages]:
+            form.add_error(target, str(message))
+
+
+def validated_create(form: ScheduleForm) -> ScheduleCreateSerializer | None:
+    """The API's create serializer over the form, or None with the errors on the form."""
+    if not form.is_valid():
+        return None
+    serializer = ScheduleCreateSerializer(data=form.api_data())
+    if not serializer.is_valid():
+        _merge_errors(form, serializer.errors)
+        return None
+    return serializer
+
+
+def validated_update(form: ScheduleForm, schedule: Schedule) -> ScheduleCreateSerializer | None:
+    """As the API's PATCH: merged onto the saved definition, validated as on create."""
+    if not form.is_valid():
+        return None
+    serializer = update_serializer(schedule, form.api_data())
+    if not serializer.is_valid():
+        _merge_errors(form, serializer.errors)
+        return None
+    return serializer
+
+
+def validated_draft(form: ScheduleForm) -> SchedulePreviewDraftSerializer | None:
+    """The API's draft-preview serializer (name and handler optional)."""
+    if not form.is_valid():
+        return None
+    body = form.api_data()
+    for optional in ("name", "handler"):
+        if not body[optional]:
+            del body[optional]
+    serializer = SchedulePreviewDraftSerializer(data=body)
+    if not serializer.is_valid():
+        _merge_errors(form, serializer.errors)
+        return None
+    return serializer

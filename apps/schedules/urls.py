@@ -1,0 +1,16 @@
+"""Web UI routes of schedules (mounted at "/")."""
+
+from django.urls import path
+
+from apps.schedules import views
+
+urlpatterns = [
+    path("schedules/", views.schedule_list, name="schedule-list"),
+    path("schedules/new/", views.schedule_new, name="schedule-new"),
+    path("schedules/preview/", views.schedule_preview_draft, name="schedule-preview"),
+    path("schedules/<str:schedule_id>/", views.schedule_detail, name="schedule-detail"),
+    path("schedules/<str:schedule_id>/edit/", views.schedule_edit, name="schedule-edit"),
+    path("schedules/<str:schedule_id>/pause/", views.schedule_pause_view, name="schedule-pause"),
+    path("schedules/<str:schedule_id>/resume/", views.schedule_resume_view, name="schedule-resume"),
+    path("schedules/<str:schedule_id>/cancel/", views.schedule_cancel_view, name="schedule-cancel"),
+]

@@ -1,0 +1,268 @@
+"""Schedule pages of the web UI: thin views over the same selectors, serializers and services
+as /api/v1/schedules (apps/schedules/api.py). Every id goes through `access_schedule` with
+the signed-in user's current tenant: another tenant's id is a 404. Changes are admins' only."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.contrib import messages
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+from django.views.decorators.http import require_POST
+
+from apps.occurrences.models import Attempt
+from apps.occurrences.selectors import occurrences_for
+from apps.schedules.errors import LifecycleError
+from apps.schedules.forms import (
+    ScheduleForm,
+    validated_create,
+    validated_draft,
+    validated_update,
+    zone_names,
+)
+from apps.schedules.models import Schedule, ScheduleEvent, ScheduleVersion
+from apps.schedules.selectors import access_schedule, schedules_filtered
+from apps.schedules.serializers import KIND_IN, schedule_as_input
+from apps.schedules.services import (
+    LifecycleResult,
+    schedule_cancel,
+    schedule_create,
+    schedule_pause,
+    schedule_preview,
+    schedule_preview_saved,
+    schedule_resume,
+    schedule_update,
+)
+from apps.tenants.views import TenantContext, actor_of, admin_only, tenant_page
+
+PAGE_SIZE = 25
+RECENT_OCCURRENCES = 20
+# Recent occurrences are read from this window of day partitions only.
+RECENT_WINDOW = timedelta(days=7)
+
+
+def _tick(request: HttpRequest) -> TenantContext:
+    return request.tick  # type: ignore[attr-defined, no-any-return]
+
+
+def encode_cursor(at: datetime, row_id: uuid.UUID) -> str:
+    return f"{at.isoformat()}|{row_id}"
+
+
+def decode_cursor(value: str) -> tuple[datetime, uuid.UUID] | None:
+    at_text, _, id_text = value.partition("|")
+    at = parse_datetime(at_text)
+    try:
+        row_id = uuid.UUID(id_text)
+    except ValueError:
+        return None
+    return (at, row_id) if at is not None and at.tzinfo is not None else None
+
+
+@tenant_page
+def schedule_list(request: HttpRequest) -> HttpResponse:
+    """Newest first, keyset pages on (created_at, id): the API's filters and indexes."""
+    tick = _tick(request)
+    params = request.GET
+    state = params.get("state", "").upper()
+    kind = params.get("kind", "")
+    q = params.get("q", "").strip()
+    handler = params.get("handler", "").strip()
+    errors = []
+    if state and state not in Schedule.State.values:
+        errors.append(f"Unknown state {state!r}.")
+        state = ""
+    if kind and kind not in KIND_IN:
+        errors.append(f"Unknown kind {kind!r}.")
+        kind = ""
+    if q and len(q) < 3:
+        errors.append("Search needs at least 3 characters.")
+        q = ""
+    queryset = schedules_filtered(
+        tenant=tick.tenant, state=state or None, kind=kind or None, handler=handler or None,
+        q=q or None,
+    ).order_by("-created_at", "-id")  # fmt: skip
+    cursor = decode_cursor(params.get("after", "")) if params.get("after") else None
+    if cursor is not None:
+        at, row_id = cursor
+        queryset = queryset.filter(created_at__lte=at).exclude(created_at=at, id__gte=row_id)
+    rows = list(queryset[: PAGE_SIZE + 1])
+    next_cursor = None
+    if len(rows) > PAGE_SIZE:
+        rows = rows[:PAGE_SIZE]
+        next_cursor = encode_cursor(rows[-1].created_at, rows[-1].id)
+    query = params.copy()
+    query.pop("after", None)
+    return render(request, "tick/schedule_list.html", {
+        "schedules": rows, "next_cursor": next_cursor, "filters": query.urlencode(),
+        "state": state, "kind": kind, "q": q, "handler": handler, "errors": errors,
+        "states": Schedule.State.choices, "paged": cursor is not None, "nav": "schedules",
+    })  # fmt: skip
+
+
+def _version_changes(versions: list[ScheduleVersion]) -> list[dict[str, Any]]:
+    rows = []
+    previous: dict[str, Any] | None = None
+    for version in versions:
+        definition = version.definition or {}
+        changed = []
+        if previous is not None:
+            for key in sorted(set(definition) | set(previous)):
+                if definition.get(key) != previous.get(key):
+                    changed.append((key, previous.get(key), definition.get(key)))
+        rows.append({"version": version, "changed": changed})
+        previous = definition
+    return list(reversed(rows))
+
+
+def _recent_occurrences(schedule: Schedule, now: datetime) -> list[dict[str, Any]]:
+    occurrences = list(
+        occurrences_for(tenant=schedule.tenant)
+        .filter(
+            schedule_id=schedule.id,
+            scheduled_for__gte=now - RECENT_WINDOW,
+            scheduled_for__lt=now + timedelta(days=1),
+        )
+        .order_by("-scheduled_for", "-id")[:RECENT_OCCURRENCES]
+    )
+    attempts: dict[uuid.UUID, list[Attempt]] = {}
+    if occurrences:
+        for attempt in Attempt.objects.filter(
+            tenant_id=schedule.tenant_id,
+            occurrence_id__in=[o.id for o in occurrences],
+            scheduled_for__in={o.scheduled_for for o in occurrences},
+        ).order_by("attempt_no"):
+            attempts.setdefault(attempt.occurrence_id, []).append(attempt)
+    return [{"occ": o, "attempts": attempts.get(o.id, [])} for o in occurrences]
+
+
+def _detail(
+    request: HttpRequest,
+    schedule: Schedule,
+    *,
+    result: LifecycleResult | None = None,
+    status: int = 200,
+) -> HttpResponse:
+    now = timezone.now()
+    versions = list(ScheduleVersion.objects.filter(schedule=schedule).order_by("version"))
+    events = list(ScheduleEvent.objects.filter(schedule=schedule).order_by("-at", "-id")[:100])
+    return render(request, "tick/schedule_detail.html", {
+        "schedule": schedule, "versions": _version_changes(versions), "events": events,
+        "preview": schedule_preview_saved(schedule=schedule, count=10, now=now),
+        "recent": _recent_occurrences(schedule, now), "receipt": result.receipt if result else None,
+        "nav": "schedules",
+    }, status=status)  # fmt: skip
+
+
+@tenant_page
+def schedule_detail(request: HttpRequest, schedule_id: str) -> HttpResponse:
+    schedule = access_schedule(tenant=_tick(request).tenant, schedule_id=schedule_id)
+    return _detail(request, schedule)
+
+
+def _form_page(
+    request: HttpRequest, form: ScheduleForm, schedule: Schedule | None, status: int = 200
+) -> HttpResponse:
+    return render(request, "tick/schedule_form.html", {
+        "form": form, "schedule": schedule, "zones": zone_names(), "nav": "schedules",
+    }, status=status)  # fmt: skip
+
+
+@tenant_page
+def schedule_new(request: HttpRequest) -> HttpResponse:
+    tick = _tick(request)
+    if request.method != "POST":
+        initial = {"handler": "record", "kind": "cron"}
+        return _form_page(request, ScheduleForm(initial=initial), None)
+    admin_only(request)
+    form = ScheduleForm(request.POST)
+    serializer = validated_create(form)
+    if serializer is None:
+        return _form_page(request, form, None, status=400)
+    try:
+        schedule = schedule_create(
+            tenant=tick.tenant, spec=serializer.to_spec(), actor=actor_of(request)
+        )
+    except LifecycleError as err:
+        form.add_error(err.field if err.field in form.fields else None, err.message)
+        return _form_page(request, form, None, status=err.status)
+    messages.success(request, f"Schedule “{schedule.name}” created (version 1).")
+    return redirect(reverse("schedule-detail", args=[schedule.id]))
+
+
+@tenant_page
+def schedule_edit(request: HttpRequest, schedule_id: str) -> HttpResponse:
+    schedule = access_schedule(tenant=_tick(request).tenant, schedule_id=schedule_id)
+    if request.method != "POST":
+        initial = schedule_as_input(schedule)
+        initial["payload"] = json.dumps(initial["payload"], indent=2)
+        return _form_page(request, ScheduleForm(initial=initial), schedule)
+    admin_only(request)
+    form = ScheduleForm(request.POST)
+    serializer = validated_update(form, schedule)
+    if serializer is None:
+        return _form_page(request, form, schedule, status=400)
+    try:
+        result = schedule_update(
+            schedule=schedule, spec=serializer.to_spec(), actor=actor_of(request)
+        )
+    except LifecycleError as err:
+        form.add_error(err.field if err.field in form.fields else None, err.message)
+        return _form_page(request, form, schedule, status=err.status)
+    return _detail(request, result.schedule, result=result)
+
+
+@tenant_page
+@require_POST
+def schedule_preview_draft(request: HttpRequest) -> HttpResponse:
+    """The live preview (htmx, while typing): validated exactly as the API's draft preview;
+    nothing is stored, so viewers may use it too."""
+    form = ScheduleForm(request.POST)
+    serializer = validated_draft(form)
+    if serializer is None:
+        return render(request, "tick/_preview.html", {"form": form, "entries": None})
+    data = serializer.validated_data
+    entries = schedule_preview(
+        kind=KIND_IN[data["kind"]], expression=data["expression"], run_at=data["run_at"],
+        time_zone=data["time_zone"], dst_gap=data["dst_gap"], dst_fold=data["dst_fold"],
+        start_at=data["start_at"], end_at=data["end_at"], after=timezone.now(), count=10,
+    )  # fmt: skip
+    return render(request, "tick/_preview.html", {"form": form, "entries": entries})
+
+
+def _lifecycle(request: HttpRequest, schedule_id: str, action: Any) -> HttpResponse:
+    # The tenant door first: another tenant's id is a 404 even for a viewer, never a 403.
+    schedule = access_schedule(tenant=_tick(request).tenant, schedule_id=schedule_id)
+    admin_only(request)
+    try:
+        result = action(schedule=schedule, actor=actor_of(request))
+    except LifecycleError as err:
+        messages.error(request, err.message)
+        schedule.refresh_from_db()
+        return _detail(request, schedule, status=err.status)
+    return _detail(request, result.schedule, result=result)
+
+
+@tenant_page
+@require_POST
+def schedule_pause_view(request: HttpRequest, schedule_id: str) -> HttpResponse:
+    return _lifecycle(request, schedule_id, schedule_pause)
+
+
+@tenant_page
+@require_POST
+def schedule_resume_view(request: HttpRequest, schedule_id: str) -> HttpResponse:
+    return _lifecycle(request, schedule_id, schedule_resume)
+
+
+@tenant_page
+@require_POST
+def schedule_cancel_view(request: HttpRequest, schedule_id: str) -> HttpResponse:
+    return _lifecycle(request, schedule_id, schedule_cancel)
