@@ -90,3 +90,22 @@ def queue_prefix(settings: Any) -> Iterator[str]:
         channel.queue_delete(name)
     channel.exchange_delete(exchange_name(prefix))
     publisher.close()
+
+
+@pytest.fixture
+def publisher(queue_prefix: str) -> Iterator[Any]:
+    """A connected relay publisher on the test's private topology."""
+    from django.conf import settings
+
+    from apps.occurrences.broker import Publisher
+    from tickweb.celery import app as celery_app
+
+    pub = Publisher(
+        settings.CELERY_BROKER_URL,
+        prefix=queue_prefix,
+        partitions=settings.TICK_TENANT_PARTITIONS,
+        celery_app=celery_app,
+    )
+    pub.connect()
+    yield pub
+    pub.close()

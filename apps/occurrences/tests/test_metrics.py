@@ -3,7 +3,6 @@ gauges, a fenced-off completion is counted, the stuck-state scan sees what is st
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -25,7 +24,6 @@ from apps.occurrences.tests.helpers import leases, materialize_config, relay_con
 from apps.schedules.models import Schedule
 from apps.schedules.tests.factories import make_schedule
 from apps.tenants.models import Tenant
-from tickweb.celery import app as celery_app
 
 pytestmark = pytest.mark.django_db
 
@@ -42,19 +40,6 @@ def _scan(**overrides: Any) -> Any:
     }
     values.update(overrides)
     return stuck_scan(**values)
-
-
-@pytest.fixture
-def publisher(queue_prefix: str) -> Iterator[Publisher]:
-    pub = Publisher(
-        settings.CELERY_BROKER_URL,
-        prefix=queue_prefix,
-        partitions=settings.TICK_TENANT_PARTITIONS,
-        celery_app=celery_app,
-    )
-    pub.connect()
-    yield pub
-    pub.close()
 
 
 def test_a_burst_moves_the_lag_histogram_and_the_backlog_gauges(

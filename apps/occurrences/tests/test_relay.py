@@ -8,10 +8,8 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from django.conf import settings
 from django.utils import timezone
 
-from apps.occurrences.broker import Publisher
 from apps.occurrences.materializer import materialize_pass
 from apps.occurrences.models import DispatchOutbox, Occurrence, ShardLease
 from apps.occurrences.queues import queue_name, tenant_partition
@@ -19,22 +17,8 @@ from apps.occurrences.relay import OutboxRow, Recorder, build_messages, relay_st
 from apps.occurrences.tests.helpers import leases, materialize_config, relay_config
 from apps.schedules.models import Schedule
 from apps.schedules.tests.factories import make_schedule
-from tickweb.celery import app as celery_app
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def publisher(queue_prefix):
-    pub = Publisher(
-        settings.CELERY_BROKER_URL,
-        prefix=queue_prefix,
-        partitions=settings.TICK_TENANT_PARTITIONS,
-        celery_app=celery_app,
-    )
-    pub.connect()
-    yield pub
-    pub.close()
 
 
 def _due_one_shot(tenant):

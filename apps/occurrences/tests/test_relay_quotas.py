@@ -7,10 +7,8 @@ from datetime import timedelta
 from itertools import pairwise
 
 import pytest
-from django.conf import settings
 from django.utils import timezone
 
-from apps.occurrences.broker import Publisher
 from apps.occurrences.materializer import materialize_pass
 from apps.occurrences.models import DispatchOutbox, Lane, Occurrence, ShardLease
 from apps.occurrences.relay import relay_step
@@ -19,22 +17,8 @@ from apps.occurrences.throttle import TenantThrottle, _Bucket
 from apps.schedules.models import Schedule
 from apps.schedules.tests.factories import make_schedule
 from apps.tenants.models import Tenant
-from tickweb.celery import app as celery_app
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def publisher(queue_prefix):
-    pub = Publisher(
-        settings.CELERY_BROKER_URL,
-        prefix=queue_prefix,
-        partitions=settings.TICK_TENANT_PARTITIONS,
-        celery_app=celery_app,
-    )
-    pub.connect()
-    yield pub
-    pub.close()
 
 
 def _due(tenant, count):
