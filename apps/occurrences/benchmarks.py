@@ -9,8 +9,8 @@ the consumer's arrival lag, missing and duplicate occurrences, throughput, the s
 tenants' p99, CPU seconds and peak RSS per process kind. Everything is removed afterwards.
 
 Setup writes schedules with COPY but computes every server-owned field with Tick's own code
-(`shard_for`, `first_run_at`, a version-1 row each), so the rows are what the create service
-would have written.
+(`shard_for`) and writes what the create service writes with each schedule (a version-1 row
+and a `created` event), so the rows are what `schedule_create` would have produced.
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ def _copy_schedules(
     chunk = 50_000
     with connection.cursor() as cursor:
         for start in range(0, count, chunk):
-            schedules, versions = io.StringIO(), io.StringIO()
+            schedules, versions, events = io.StringIO(), io.StringIO(), io.StringIO()
             for n in range(start, min(count, start + chunk)):
                 sid = uuid.uuid4()
                 tenant = owners[n % len(owners)]
@@ -130,6 +130,7 @@ def _copy_schedules(
                     f"{now.isoformat()}\t{now.isoformat()}\n"
                 )
                 versions.write(f"{sid}\t{tenant}\t1\t{definition}\t{now.isoformat()}\n")
+                events.write(f"{sid}\t{tenant}\tcreated\t1\tbench\t{now.isoformat()}\t{{}}\n")
             raw = cursor.cursor  # psycopg's cursor: COPY is its own protocol
             with raw.copy(
                 "COPY schedules_schedule (id, tenant_id, name, kind, expression, time_zone, "
@@ -143,6 +144,11 @@ def _copy_schedules(
                 "valid_from) FROM STDIN"
             ) as copy:
                 copy.write(versions.getvalue())
+            with raw.copy(
+                "COPY schedules_scheduleevent (schedule_id, tenant_id, kind, version, actor, "
+                "at, detail) FROM STDIN"
+            ) as copy:
+                copy.write(events.getvalue())
 
 
 def _cleanup(tenant_ids: list[uuid.UUID]) -> None:
