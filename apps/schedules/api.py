@@ -20,7 +20,6 @@ from rest_framework.views import APIView
 
 from apps.schedules.selectors import access_schedule, schedules_filtered
 from apps.schedules.serializers import (
-    KIND_IN,
     ErrorSerializer,
     LifecycleResponseSerializer,
     PreviewEntrySerializer,
@@ -282,17 +281,7 @@ class ScheduleDraftPreview(TenantView):
         _principal(request)
         draft = SchedulePreviewDraftSerializer(data=request.data)
         draft.is_valid(raise_exception=True)
-        data = draft.validated_data
         entries = schedule_preview(
-            kind=KIND_IN[data["kind"]],
-            expression=data["expression"],
-            run_at=data["run_at"],
-            time_zone=data["time_zone"],
-            dst_gap=data["dst_gap"],
-            dst_fold=data["dst_fold"],
-            start_at=data["start_at"],
-            end_at=data["end_at"],
-            after=timezone.now(),
-            count=data["count"],
+            timing=draft.to_spec(), after=timezone.now(), count=draft.validated_data["count"]
         )
         return Response([entry.as_dict() for entry in entries])

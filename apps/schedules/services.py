@@ -26,7 +26,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -91,29 +91,46 @@ class ScheduleSpec:
     payload: Any = None
 
 
-def first_run_at(
-    *,
-    kind: str,
-    expression: str,
-    run_at: datetime | None,
-    time_zone: str,
-    dst_gap: str,
-    dst_fold: str,
-    start_at: datetime | None,
-    end_at: datetime | None,
-    now: datetime,
-) -> datetime | None:
+class Timing(Protocol):
+    """The fields that decide *when* a schedule fires: a saved `Schedule` or a `ScheduleSpec`."""
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def expression(self) -> str: ...
+
+    @property
+    def run_at(self) -> datetime | None: ...
+
+    @property
+    def time_zone(self) -> str: ...
+
+    @property
+    def dst_gap(self) -> str: ...
+
+    @property
+    def dst_fold(self) -> str: ...
+
+    @property
+    def start_at(self) -> datetime | None: ...
+
+    @property
+    def end_at(self) -> datetime | None: ...
+
+
+def first_run_at(*, timing: Timing, now: datetime) -> datetime | None:
     """The first instant to materialize for a new definition, or None if none remains."""
-    if kind == Schedule.Kind.ONE_SHOT:
-        return run_at
+    if timing.kind == Schedule.Kind.ONE_SHOT:
+        return timing.run_at
     return timerules.next_fire_time(
-        expression,
-        time_zone,
+        timing.expression,
+        timing.time_zone,
         now,
-        dst_gap=dst_gap,
-        dst_fold=dst_fold,
-        start_at=start_at,
-        end_at=end_at,
+        dst_gap=timing.dst_gap,
+        dst_fold=timing.dst_fold,
+        start_at=timing.start_at,
+        end_at=timing.end_at,
     )
 
 
@@ -176,17 +193,7 @@ def schedule_create(*, tenant: Tenant, spec: ScheduleSpec, actor: str) -> Schedu
     _check_rule_interval(tenant=tenant, kind=spec.kind, expression=spec.expression)
     now = timezone.now()
     schedule_id = uuid.uuid4()
-    next_run_at = first_run_at(
-        kind=spec.kind,
-        expression=spec.expression,
-        run_at=spec.run_at,
-        time_zone=spec.time_zone,
-        dst_gap=spec.dst_gap,
-        dst_fold=spec.dst_fold,
-        start_at=spec.start_at,
-        end_at=spec.end_at,
-        now=now,
-    )
+    next_run_at = first_run_at(timing=spec, now=now)
     schedule = Schedule.objects.create(
         id=schedule_id,
         tenant=tenant,
@@ -232,32 +239,22 @@ def schedule_create(*, tenant: Tenant, spec: ScheduleSpec, actor: str) -> Schedu
 
 
 def schedule_preview(
-    *,
-    kind: str,
-    expression: str,
-    run_at: datetime | None,
-    time_zone: str,
-    dst_gap: str,
-    dst_fold: str,
-    start_at: datetime | None,
-    end_at: datetime | None,
-    after: datetime,
-    count: int,
+    *, timing: Timing, after: datetime, count: int
 ) -> list[timerules.PreviewEntry]:
     """The next `count` fires after `after` (UTC and local, with DST notes)."""
-    if kind == Schedule.Kind.ONE_SHOT:
-        if run_at is None or run_at <= after:
+    if timing.kind == Schedule.Kind.ONE_SHOT:
+        if timing.run_at is None or timing.run_at <= after:
             return []
-        return [timerules.preview_one_shot(run_at, time_zone)]
+        return [timerules.preview_one_shot(timing.run_at, timing.time_zone)]
     return timerules.preview(
-        expression,
-        time_zone,
+        timing.expression,
+        timing.time_zone,
         after,
         count,
-        dst_gap=dst_gap,
-        dst_fold=dst_fold,
-        start_at=start_at,
-        end_at=end_at,
+        dst_gap=timing.dst_gap,
+        dst_fold=timing.dst_fold,
+        start_at=timing.start_at,
+        end_at=timing.end_at,
     )
 
 
@@ -270,18 +267,7 @@ def schedule_preview_saved(
     after = now
     if schedule.next_run_at is not None and schedule.next_run_at <= now:
         after = schedule.next_run_at - timedelta(microseconds=1)
-    return schedule_preview(
-        kind=schedule.kind,
-        expression=schedule.expression,
-        run_at=schedule.run_at,
-        time_zone=schedule.time_zone,
-        dst_gap=schedule.dst_gap,
-        dst_fold=schedule.dst_fold,
-        start_at=schedule.start_at,
-        end_at=schedule.end_at,
-        after=after,
-        count=count,
-    )
+    return schedule_preview(timing=schedule, after=after, count=count)
 
 
 # --------------------------------------------------------------------------------------------
@@ -441,17 +427,7 @@ def _next_for_new_version(
         if spec.run_at is None or (kept is not None and spec.run_at <= kept):
             return None
         return spec.run_at
-    return first_run_at(
-        kind=spec.kind,
-        expression=spec.expression,
-        run_at=None,
-        time_zone=spec.time_zone,
-        dst_gap=spec.dst_gap,
-        dst_fold=spec.dst_fold,
-        start_at=spec.start_at,
-        end_at=spec.end_at,
-        now=floor,
-    )
+    return first_run_at(timing=spec, now=floor)
 
 
 def schedule_update(*, schedule: Schedule, spec: ScheduleSpec, actor: str) -> LifecycleResult:

@@ -228,12 +228,7 @@ def schedule_preview_draft(request: HttpRequest) -> HttpResponse:
     serializer = validated_draft(form)
     if serializer is None:
         return render(request, "tick/_preview.html", {"form": form, "entries": None})
-    data = serializer.validated_data
-    entries = schedule_preview(
-        kind=KIND_IN[data["kind"]], expression=data["expression"], run_at=data["run_at"],
-        time_zone=data["time_zone"], dst_gap=data["dst_gap"], dst_fold=data["dst_fold"],
-        start_at=data["start_at"], end_at=data["end_at"], after=timezone.now(), count=10,
-    )  # fmt: skip
+    entries = schedule_preview(timing=serializer.to_spec(), after=timezone.now(), count=10)
     return render(request, "tick/_preview.html", {"form": form, "entries": entries})
 
 
