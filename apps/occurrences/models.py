@@ -142,6 +142,14 @@ class Attempt(models.Model):
                 name="attempt_open_lease_idx",
                 condition=models.Q(finished_at__isnull=True),
             ),
+            # The run-concurrency quota at claim time (execution.occurrence_claim counts a
+            # tenant's open attempts on every claim): a probe per partition, not a scan of
+            # every open attempt of every tenant.
+            models.Index(
+                fields=["tenant"],
+                name="attempt_open_tenant_idx",
+                condition=models.Q(finished_at__isnull=True),
+            ),
         ]
 
     def __str__(self) -> str:
