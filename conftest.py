@@ -75,7 +75,6 @@ def api_b(tenant_b: Tenant) -> APIClient:
 def queue_prefix(settings: Any) -> Iterator[str]:
     """A private RabbitMQ topology per test, so a running `make run` stack never sees it."""
     from apps.occurrences.broker import Publisher
-    from apps.occurrences.queues import all_queue_names, exchange_name
 
     prefix = f"tick-test-{uuid.uuid4().hex[:10]}"
     settings.TICK_QUEUE_PREFIX = prefix
@@ -84,11 +83,7 @@ def queue_prefix(settings: Any) -> Iterator[str]:
         settings.CELERY_BROKER_URL, prefix=prefix, partitions=settings.TICK_TENANT_PARTITIONS,
         celery_app=None,
     )  # fmt: skip
-    publisher.connect()
-    channel = publisher._channel
-    for name in all_queue_names(prefix, settings.TICK_TENANT_PARTITIONS):
-        channel.queue_delete(name)
-    channel.exchange_delete(exchange_name(prefix))
+    publisher.delete_topology()
     publisher.close()
 
 

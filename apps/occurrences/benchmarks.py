@@ -36,7 +36,7 @@ from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
-from apps.occurrences.queues import all_queue_names, exchange_name
+from apps.occurrences.queues import all_queue_names
 from apps.schedules.models import shard_for
 from apps.tenants.models import Tenant
 from apps.tenants.services import tenant_create
@@ -251,28 +251,12 @@ class _Consumer(threading.Thread):
         conn.close()
 
 
-def _declare(broker_url: str, prefix: str) -> None:
+def _publisher(broker_url: str, prefix: str) -> Any:
     from apps.occurrences.broker import Publisher
 
-    publisher = Publisher(
+    return Publisher(
         broker_url, prefix=prefix, partitions=settings.TICK_TENANT_PARTITIONS, celery_app=None
     )
-    publisher.connect()
-    publisher.close()
-
-
-def _delete_topology(broker_url: str, prefix: str) -> None:
-    from apps.occurrences.broker import Publisher
-
-    publisher = Publisher(
-        broker_url, prefix=prefix, partitions=settings.TICK_TENANT_PARTITIONS, celery_app=None
-    )
-    publisher.connect()
-    channel = publisher._channel
-    for name in all_queue_names(prefix, settings.TICK_TENANT_PARTITIONS):
-        channel.queue_delete(name)
-    channel.exchange_delete(exchange_name(prefix))
-    publisher.close()
 
 
 # -- the benchmark -------------------------------------------------------------------------
@@ -322,7 +306,9 @@ def bench_burst(
         )  # fmt: skip
         with connection.cursor() as cursor:
             cursor.execute("ANALYZE schedules_schedule")
-        _declare(broker_url, prefix)
+        declarer = _publisher(broker_url, prefix)
+        declarer.connect()  # declares the topology the relay will publish to
+        declarer.close()
         consumer.start()
         consumer.ready.wait(10)
         env = {**os.environ, "TICK_QUEUE_PREFIX": prefix, "PYTHONUNBUFFERED": "1"}
@@ -368,7 +354,9 @@ def bench_burst(
             consumer.join(5)
         say("cleaning up…")
         _cleanup(tenant_ids)
-        _delete_topology(broker_url, prefix)
+        cleaner = _publisher(broker_url, prefix)
+        cleaner.delete_topology()
+        cleaner.close()
 
 
 def _wait_materialized(

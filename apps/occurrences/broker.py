@@ -21,7 +21,13 @@ from urllib.parse import unquote, urlparse
 import amqp
 from kombu.serialization import dumps
 
-from apps.occurrences.queues import LANES, QUEUE_ARGUMENTS, exchange_name, queue_name
+from apps.occurrences.queues import (
+    LANES,
+    QUEUE_ARGUMENTS,
+    all_queue_names,
+    exchange_name,
+    queue_name,
+)
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +96,14 @@ class Publisher:
                     name, durable=True, auto_delete=False, arguments=dict(QUEUE_ARGUMENTS)
                 )
                 channel.queue_bind(name, exchange, routing_key=name)
+
+    def delete_topology(self) -> None:
+        """Delete this prefix's queues and exchange (benchmarks' and tests' private ones)."""
+        if self._conn is None:
+            self.connect()
+        for name in all_queue_names(self.prefix, self.partitions):
+            self._channel.queue_delete(name)
+        self._channel.exchange_delete(exchange_name(self.prefix))
 
     def close(self) -> None:
         if self._conn is not None:
