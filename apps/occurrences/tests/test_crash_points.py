@@ -16,6 +16,7 @@ from datetime import timedelta
 from itertools import pairwise
 from pathlib import Path
 
+import psycopg
 import pytest
 from django.conf import settings
 from django.db import connection
@@ -250,3 +251,60 @@ def test_flexible_jitter_is_identical_in_another_process():
     assert json.loads(out) == here
     assert all(0 <= offset < 300 for offset in here)
     assert len(set(here)) > 30  # spread over the window, not bunched
+
+
+@pytest.mark.django_db(transaction=True)
+def test_relay_process_killed_after_publish_before_record_is_republished_with_the_same_id(
+    tenant_a, queue_prefix, publisher, tmp_path
+):
+    # given: a due occurrence, and its outbox row locked by another session so the relay's
+    # recorder (which deletes it after the confirm) blocks right after the publish
+    run_at = timezone.now() - timedelta(seconds=1)
+    make_schedule(
+        tenant_a, kind=Schedule.Kind.ONE_SHOT, expression="", run_at=run_at, next_run_at=run_at
+    )
+    materialize_pass(leases=leases(), now=timezone.now(), config=materialize_config())
+    occurrence = Occurrence.objects.get()
+    blocker = psycopg.connect(_libpq_dsn())
+    blocker.execute("SELECT 1 FROM occurrences_dispatchoutbox FOR UPDATE")
+    ttl = {"TICK_LEASE_TTL_S": "3"}
+    first = _start("relay", queue_prefix, tmp_path, **ttl)
+    received: list[str] = []
+
+    def drain() -> bool:
+        for name in all_queue_names(queue_prefix, settings.TICK_TENANT_PARTITIONS):
+            while (message := publisher._channel.basic_get(name, no_ack=True)) is not None:
+                received.append(json.loads(message.body)[1]["occurrence_id"])
+        return bool(received)
+
+    try:
+        assert _wait_for(drain, 30), "the first relay never published"
+        # when: the relay dies with the publish confirmed and nothing recorded
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    finally:
+        _stop(first)
+        blocker.rollback()
+        blocker.close()
+    assert DispatchOutbox.objects.count() == 1
+    occurrence.refresh_from_db()
+    assert occurrence.enqueued_at is None
+
+    second = _start("relay", queue_prefix, tmp_path, **ttl)
+    try:
+        # then: the next relay publishes the same occurrence id again and records it once
+        assert _wait_for(lambda: drain() and len(received) == 2, 30), received
+        assert _wait_for(lambda: not DispatchOutbox.objects.exists(), 20)
+    finally:
+        _stop(second)
+    assert received == [str(occurrence.id), str(occurrence.id)]
+    occurrence.refresh_from_db()
+    assert occurrence.state == Occurrence.State.ENQUEUED
+    assert occurrence.enqueued_at is not None
+
+
+def _libpq_dsn() -> str:
+    s = connection.settings_dict
+    parts = {"dbname": s["NAME"], "user": s["USER"], "password": s["PASSWORD"],
+             "host": s["HOST"], "port": s["PORT"]}  # fmt: skip
+    return " ".join(f"{k}={v}" for k, v in parts.items() if v)
