@@ -13,7 +13,7 @@ app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 
 
-# --- observability (issue 8) ------------------------------------------------------------
+# --- observability ----------------------------------------------------------------------
 # Prefork workers observe metrics in child processes. With PROMETHEUS_MULTIPROC_DIR set
 # (before the worker starts), each child writes its samples to that directory and the parent
 # serves the sum on TICK_WORKER_METRICS_PORT (/metrics, /healthz, /readyz). Without it (e.g.
@@ -32,8 +32,26 @@ def _clear_multiproc_dir(**_: object) -> None:
                 os.remove(os.path.join(directory, name))
 
 
+def _worker_ready_probe(consumer: object) -> bool:
+    """Ready while the consumer's broker connection is up and the database answers."""
+    import psycopg
+    from django.db import connection
+
+    broker = getattr(consumer, "connection", None)
+    if broker is None or not broker.connected:
+        return False
+    params = connection.get_connection_params()
+    params.pop("cursor_factory", None)
+    params.pop("context", None)
+    params.pop("server_side_binding", None)
+    params["connect_timeout"] = 2
+    with psycopg.connect(**params) as probe:
+        probe.execute("SELECT 1")
+    return True
+
+
 @signals.worker_ready.connect
-def _serve_worker_metrics(**_: object) -> None:
+def _serve_worker_metrics(sender: object = None, **_: object) -> None:
     global _worker_health
     port = _worker_metrics_port()
     if not port:
@@ -46,8 +64,11 @@ def _serve_worker_metrics(**_: object) -> None:
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
-    # The parent process only supervises: once ready it stays live until shutdown.
-    _worker_health = ProcessHealth("worker", stale_after_s=float("inf"))
+    # The parent process only supervises: once ready it stays live until shutdown, and is
+    # unready while its broker connection or the database is down.
+    _worker_health = ProcessHealth(
+        "worker", stale_after_s=float("inf"), probe=lambda: _worker_ready_probe(sender)
+    )
     _worker_health.beat(ok=True)
     serve_process(port, _worker_health, registry=registry)
 

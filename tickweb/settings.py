@@ -155,6 +155,8 @@ TICK_RETENTION_DAYS = env_int("TICK_RETENTION_DAYS", 30)
 TICK_RETRY_DEADLINE_S = env_int("TICK_RETRY_DEADLINE_S", 86_400)
 # Over-quota claims (Tenant.max_running) are re-queued this much later (plus jitter).
 TICK_QUOTA_DELAY_S = env_int("TICK_QUOTA_DELAY_S", 2)
+# A worker retries a database outage this long (backoff) before handing the message back.
+TICK_WORKER_OUTAGE_RETRY_S = env_int("TICK_WORKER_OUTAGE_RETRY_S", 60)
 # QUEUE_ONE: a WAITING occurrence re-checks this often even if no completion wakes it.
 TICK_OVERLAP_RECHECK_S = env_int("TICK_OVERLAP_RECHECK_S", 30)
 # How far back overlap checks look for a RUNNING/WAITING occurrence of the schedule.
@@ -214,6 +216,8 @@ CELERY_RESULT_SERIALIZER = "json"
 CELERY_RESULT_ACCEPT_CONTENT = ["json"]
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# A worker whose broker is down reconnects until it is back (never gives up and exits).
+CELERY_BROKER_CONNECTION_MAX_RETRIES = None
 
 LOGGING = {
     "version": 1,

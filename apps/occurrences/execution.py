@@ -64,6 +64,7 @@ from apps.occurrences.handlers import (
     get_handler,
 )
 from apps.occurrences.models import Attempt, Lane, Occurrence
+from apps.occurrences.outages import call_through_outages, drop_database_connection, outage_of
 
 log = logging.getLogger(__name__)
 
@@ -511,7 +512,16 @@ class _Heartbeat(threading.Thread):
         interval = settings.TICK_ATTEMPT_LEASE_S / 3
         try:
             while not self.stopped.wait(interval):
-                beat = attempt_heartbeat(claim=self.claim)
+                try:
+                    beat = attempt_heartbeat(claim=self.claim)
+                except Exception as exc:
+                    if outage_of(exc) is None:
+                        raise
+                    # The handler goes on; the next beat renews the lease if the database
+                    # is back before it expires, else the lease is found lost (below).
+                    log.warning("heartbeat of %s failed: %r", self.claim.attempt_id, exc)
+                    drop_database_connection()
+                    continue
                 if not beat.lease_held:
                     log.warning("lease of %s lost while running", self.claim.attempt_id)
                     cancel.set()
@@ -715,9 +725,22 @@ def occurrence_cancel(
 def occurrence_execute(
     *, occurrence_id: uuid.UUID, scheduled_for: datetime, worker_id: str
 ) -> dict[str, Any]:
-    """Claim, run the registered handler, complete. Returns a summary for logs and tests."""
-    claim = occurrence_claim(
-        occurrence_id=occurrence_id, scheduled_for=scheduled_for, worker_id=worker_id
+    """Claim, run the registered handler, complete. Returns a summary for logs and tests.
+
+    Database outages (docs/decisions.md, "Worker acknowledgements"):
+    - before the claim commits nothing is durable, so the claim is retried with backoff for
+      up to `TICK_WORKER_OUTAGE_RETRY_S`; past that the outage error propagates and the task
+      hands its message back to the broker (never acknowledged undone);
+    - once the claim committed, the open attempt and its lease are the durable record: a
+      completion that cannot be written is retried the same way, and if it still fails the
+      reaper re-queues the occurrence when the lease expires (a same-id re-run).
+    """
+    claim = call_through_outages(
+        lambda: occurrence_claim(
+            occurrence_id=occurrence_id, scheduled_for=scheduled_for, worker_id=worker_id
+        ),
+        who=f"claim {occurrence_id}",
+        give_up_after_s=settings.TICK_WORKER_OUTAGE_RETRY_S,
     )
     if claim.status != ClaimStatus.CLAIMED or claim.context is None:
         log.info("occurrence %s not run: %s", occurrence_id, claim.status.value,
@@ -742,7 +765,19 @@ def occurrence_execute(
         finally:
             heartbeat.stopped.set()
             heartbeat.join()
-    state = attempt_complete(claim=claim, error=error)
+    try:
+        state = call_through_outages(
+            lambda: attempt_complete(claim=claim, error=error),
+            who=f"completion of {occurrence_id}",
+            give_up_after_s=settings.TICK_WORKER_OUTAGE_RETRY_S,
+        )
+    except Exception as exc:
+        if outage_of(exc) is None:
+            raise
+        log.error("occurrence %s attempt %s: completion not recorded (%r); the reaper "
+                  "re-queues it when its lease expires", occurrence_id,
+                  claim.context.attempt_no, exc)  # fmt: skip
+        return {"status": "unrecorded", "attempt_no": claim.context.attempt_no}
     status = "stale" if state is None else str(state)
     log.info("occurrence %s attempt %s: %s", occurrence_id, claim.context.attempt_no, status,
              extra=logs.ids(tenant_id=claim.context.tenant_id,

@@ -27,12 +27,37 @@ StartResponse = Callable[..., Any]
 
 
 class ProcessHealth:
-    def __init__(self, kind: str, stale_after_s: float = 60.0) -> None:
+    """Liveness from the loop's beats; readiness from the last unit of work, or from
+    `probe` (called at most every `probe_every_s`) for a process with no loop of its own."""
+
+    def __init__(
+        self,
+        kind: str,
+        stale_after_s: float = 60.0,
+        probe: Callable[[], bool] | None = None,
+        probe_every_s: float = 2.0,
+    ) -> None:
         self.kind = kind
         self.stale_after_s = stale_after_s
         self.last_beat = time.monotonic()
         self.ready = False
         self.detail = "starting"
+        self.probe = probe
+        self.probe_every_s = probe_every_s
+        self._probed_at = -float("inf")
+        self._lock = threading.Lock()
+
+    def is_ready(self) -> bool:
+        if self.probe is None:
+            return self.ready
+        with self._lock:
+            if time.monotonic() - self._probed_at >= self.probe_every_s:
+                try:
+                    self.ready = self.probe()
+                except Exception:  # noqa: BLE001 - a failing probe means not ready
+                    self.ready = False
+                self._probed_at = time.monotonic()
+            return self.ready
 
     def beat(self, *, ok: bool, detail: str = "") -> None:
         self.last_beat = time.monotonic()
@@ -60,7 +85,7 @@ def process_app(
     def app(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "/")
         if path in ("/healthz", "/readyz"):
-            ok = health.live() if path == "/healthz" else health.live() and health.ready
+            ok = health.live() if path == "/healthz" else health.live() and health.is_ready()
             status = "200 OK" if ok else "503 Service Unavailable"
             body = f'{{"kind": "{health.kind}", "ok": {str(ok).lower()}}}'.encode()
             start_response(status, [("Content-Type", "application/json")])

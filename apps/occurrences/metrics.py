@@ -126,6 +126,15 @@ stuck_outbox_by_tenant = Gauge(
     ["tenant"],
     multiprocess_mode="livemax",
 )
+outage_retries = Counter(
+    "tick_outage_retries_total",
+    "Iterations or task steps retried because the database or broker was unavailable",
+    ["role", "dependency"],
+)
+worker_requeues = Counter(
+    "tick_worker_requeues_total",
+    "Messages handed back to the broker because an outage outlasted the worker's retries",
+)
 lease_takeovers = Counter(
     "tick_shard_lease_takeovers_total",
     "Shard leases taken from another owner after expiry (not free or released ones)",

@@ -43,6 +43,7 @@ from apps.occurrences import metrics
 from apps.occurrences.broker import OutgoingMessage, Publisher
 from apps.occurrences.bulk import array_literal
 from apps.occurrences.leases import LeaseSet
+from apps.occurrences.outages import drop_database_connection
 from apps.occurrences.queues import ENVELOPE_TASK_NAME, TASK_NAME, queue_name, tenant_partition
 from apps.occurrences.throttle import TenantThrottle
 
@@ -270,6 +271,9 @@ class Recorder(threading.Thread):
                 except Exception as exc:  # noqa: BLE001 - rows stay in the outbox: republished
                     log.exception("recording failed; rows will be republished")
                     self.failed = exc
+                    # A connection the server terminated fails again on reuse; a new one
+                    # works as soon as the database is back.
+                    drop_database_connection()
                 finally:
                     with self._lock:
                         self.inflight.difference_update(batch.rows)

@@ -3,33 +3,61 @@
 Hardening (settings.py): JSON only (a pickled message is refused before deserialization),
 `acks_late` + `reject_on_worker_lost`, prefetch multiplier 1; the queues carry a delivery
 limit (queues.py). Duplicates and crashes are absorbed by the claim, not by the broker.
+
+Acknowledgement rule: a message is acknowledged only once each occurrence it carries was
+claimed (or found finished) in the database. When an outage outlasts the worker's retries
+(execution.occurrence_execute) the message is rejected with requeue, never acknowledged;
+whatever the broker still loses, the reaper's backstop republishes (docs/decisions.md).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import uuid
 from datetime import datetime
 from typing import Any
 
 from celery import shared_task
+from celery.exceptions import Reject
 
+from apps.occurrences import metrics
 from apps.occurrences.execution import occurrence_execute
+from apps.occurrences.outages import outage_of
 from apps.occurrences.queues import ENVELOPE_TASK_NAME, TASK_NAME
+
+log = logging.getLogger(__name__)
+
+
+def _execute_item(item: dict[str, Any], worker_id: str) -> str:
+    """Run one occurrence; an outage that outlasted the retries hands the message back."""
+    try:
+        summary = occurrence_execute(
+            occurrence_id=uuid.UUID(item["occurrence_id"]),
+            scheduled_for=datetime.fromisoformat(item["scheduled_for"]),
+            worker_id=worker_id,
+        )
+    except Exception as exc:
+        if outage_of(exc) is None:
+            raise
+        metrics.worker_requeues.inc()
+        log.warning("occurrence %s: outage outlasted the worker's retries (%r); message "
+                    "requeued", item.get("occurrence_id"), exc)  # fmt: skip
+        raise Reject(exc, requeue=True) from exc
+    return str(summary["status"])
+
+
+def _worker_id(task: Any) -> str:
+    # The pid tells operators (and the crash tests) which pool process ran the attempt.
+    return f"{task.request.hostname or 'worker'}:{os.getpid()}"
 
 
 @shared_task(
     name=TASK_NAME, bind=True, acks_late=True, reject_on_worker_lost=True, ignore_result=True
 )
-def run_occurrence(
-    self: Any, /, occurrence_id: str, scheduled_for: str, **_: Any
-) -> dict[str, Any]:
-    # The pid tells operators (and the crash tests) which pool process ran the attempt.
-    return occurrence_execute(
-        occurrence_id=uuid.UUID(occurrence_id),
-        scheduled_for=datetime.fromisoformat(scheduled_for),
-        worker_id=f"{self.request.hostname or 'worker'}:{os.getpid()}",
-    )
+def run_occurrence(self: Any, /, occurrence_id: str, scheduled_for: str, **_: Any) -> str:
+    item = {"occurrence_id": occurrence_id, "scheduled_for": scheduled_for}
+    return _execute_item(item, _worker_id(self))
 
 
 @shared_task(
@@ -41,14 +69,18 @@ def run_occurrence(
 )
 def run_occurrences(self: Any, /, occurrences: list[dict[str, Any]], **_: Any) -> list[str]:
     """An envelope of occurrences due at one instant (relay bursts): each one is claimed,
-    run and completed on its own, so a duplicate or a crash affects each independently."""
-    worker_id = f"{self.request.hostname or 'worker'}:{os.getpid()}"
+    run and completed on its own, so a duplicate or a crash affects each independently.
+    A requeued envelope is redelivered whole: its finished items are dropped at claim."""
+    worker_id = _worker_id(self)
     statuses: list[str] = []
     for item in occurrences:
-        summary = occurrence_execute(
-            occurrence_id=uuid.UUID(item["occurrence_id"]),
-            scheduled_for=datetime.fromisoformat(item["scheduled_for"]),
-            worker_id=worker_id,
-        )
-        statuses.append(str(summary["status"]))
+        try:
+            statuses.append(_execute_item(item, worker_id))
+        except Reject:
+            raise
+        except Exception:
+            # One malformed item must not strand the rest of the envelope; the backstop
+            # republishes it if it is a real occurrence left ENQUEUED.
+            log.exception("envelope item %r failed", item)
+            statuses.append("error")
     return statuses

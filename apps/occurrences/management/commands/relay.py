@@ -45,7 +45,8 @@ class Command(BaseCommand):
             partitions=settings.TICK_TENANT_PARTITIONS,
             celery_app=celery_app,
         )
-        publisher.connect()
+        # The publisher connects on first use (and again after any broker error), so a broker
+        # that is down at start is an outage the loop rides out, not a reason to exit.
         recorder = Recorder(leases)
         recorder.start()
         throttle = TenantThrottle()
