@@ -31,7 +31,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import amqp
 from django.conf import settings
 from django.db import connection
 from django.utils import timezone
@@ -219,16 +218,9 @@ class _Consumer(threading.Thread):
         self.ready = threading.Event()
 
     def run(self) -> None:
-        from urllib.parse import unquote, urlparse
+        from apps.occurrences.broker import connect_any
 
-        url = urlparse(self.broker_url)
-        conn = amqp.Connection(
-            host=f"{url.hostname or '127.0.0.1'}:{url.port or 5672}",
-            userid=unquote(url.username or "guest"),
-            password=unquote(url.password or "guest"),
-            virtual_host=unquote(url.path[1:]) if len(url.path) > 1 else "/",
-        )
-        conn.connect()
+        conn, _ = connect_any(self.broker_url)
         channel = conn.channel()
         channel.basic_qos(0, 1000, False)
 

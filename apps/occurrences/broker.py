@@ -1,10 +1,14 @@
-"""Pipelined, confirmed publishing to RabbitMQ as Celery task messages (SPEC §6).
+"""Pipelined, confirmed publishing to RabbitMQ as Celery task messages.
 
-Celery's own `apply_async` waits for each confirm (under 1k messages/s, ../shared/FACTS.md);
-the relay needs the broker to confirm many messages in flight. This publisher speaks AMQP
+Celery's own `apply_async` waits for each confirm (under 1k messages/s measured here); the
+relay needs the broker to confirm many messages in flight. This publisher speaks AMQP
 through py-amqp (Celery's own transport library) on a channel in confirm mode, publishes a
 window of messages with `mandatory`, then drains acks/nacks/returns. The message body and
 headers are built by Celery (`app.amqp.as_task_v2`), so workers see ordinary tasks.
+
+The broker URL may list the nodes of a cluster separated by `;` (Celery/kombu's failover
+syntax); the publisher then connects to the first node that answers (docs/operations.md,
+"RabbitMQ in production").
 """
 
 from __future__ import annotations
@@ -31,6 +35,74 @@ from apps.occurrences.queues import (
 
 log = logging.getLogger(__name__)
 
+# Per node: a single broker keeps the old generous bound; with a node list a silent node
+# (a partition drops packets rather than refusing) must not stall the failover for long.
+CONNECT_TIMEOUT_S = 10.0
+FAILOVER_CONNECT_TIMEOUT_S = 5.0
+
+
+def broker_urls(broker_url: str) -> list[str]:
+    """The node URLs of a broker URL: one, or several separated by `;` (kombu's syntax)."""
+    urls = [part.strip() for part in broker_url.split(";") if part.strip()]
+    if not urls:
+        raise ValueError("the broker URL names no node")
+    return urls
+
+
+def node_address(url: str) -> str:
+    """host:port of one node URL, for logs (never the credentials)."""
+    parsed = urlparse(url)
+    return f"{parsed.hostname or '127.0.0.1'}:{parsed.port or 5672}"
+
+
+def amqp_connection(url: str, **options: Any) -> amqp.Connection:
+    """An unconnected py-amqp connection to the node of one AMQP URL."""
+    parsed = urlparse(url)
+    vhost = unquote(parsed.path[1:]) if len(parsed.path) > 1 else "/"
+    return amqp.Connection(
+        host=node_address(url),
+        userid=unquote(parsed.username or "guest"),
+        password=unquote(parsed.password or "guest"),
+        virtual_host=vhost,
+        **options,
+    )
+
+
+def connect_any(broker_url: str, *, start: int = 0, **options: Any) -> tuple[amqp.Connection, int]:
+    """Connect to the first node that answers, trying them in turn from index `start`.
+
+    Returns the connection and the index of its node; raises the last node's error when
+    none answers (an `OSError` or AMQP connection error, which callers treat as an outage).
+    """
+    urls = broker_urls(broker_url)
+    options.setdefault(
+        "connect_timeout", CONNECT_TIMEOUT_S if len(urls) == 1 else FAILOVER_CONNECT_TIMEOUT_S
+    )
+    error: Exception | None = None
+    for step in range(len(urls)):
+        index = (start + step) % len(urls)
+        conn = amqp_connection(urls[index], **options)
+        try:
+            conn.connect()
+        except Exception as exc:  # noqa: BLE001 - any node failure: try the next node
+            _discard(conn)
+            if len(urls) > 1:
+                log.warning(
+                    "broker node %s: %s", node_address(urls[index]), str(exc) or type(exc).__name__
+                )
+            error = exc
+            continue
+        return conn, index
+    assert error is not None
+    raise error
+
+
+def _discard(conn: amqp.Connection) -> None:
+    try:
+        conn.collect()
+    except Exception:  # noqa: BLE001 - releasing a connection that never worked
+        log.debug("error releasing a failed broker connection", exc_info=True)
+
 
 @dataclass(frozen=True)
 class OutgoingMessage:
@@ -50,6 +122,9 @@ class PublishResult:
 class Publisher:
     def __init__(self, broker_url: str, *, prefix: str, partitions: int, celery_app: Any) -> None:
         self.broker_url = broker_url
+        self.nodes = broker_urls(broker_url)
+        # The node to try first on the next connect: after one that failed, the next one.
+        self._node = 0
         self.prefix = prefix
         self.partitions = partitions
         self.celery_app = celery_app
@@ -65,24 +140,37 @@ class Publisher:
 
     # -- connection and topology -----------------------------------------------------------
     def connect(self) -> None:
-        url = urlparse(self.broker_url)
-        vhost = unquote(url.path[1:]) if len(url.path) > 1 else "/"
-        conn = amqp.Connection(
-            host=f"{url.hostname or '127.0.0.1'}:{url.port or 5672}",
-            userid=unquote(url.username or "guest"),
-            password=unquote(url.password or "guest"),
-            virtual_host=vhost,
-            connect_timeout=10,
-            heartbeat=0,
-        )
-        conn.connect()
-        channel: Any = conn.channel()
-        channel.confirm_select()
-        channel.events["basic_ack"].add(self._on_ack)
-        channel.events["basic_nack"].add(self._on_nack)
-        channel.events["basic_return"].add(self._on_return)
-        self._conn, self._channel, self._next_tag = conn, channel, 1
-        self.declare_topology()
+        """Connect to the first node that answers and declare the topology there.
+
+        With several nodes, they are tried in turn starting after the last one that failed;
+        a node that accepts the connection but fails the declare counts as failed too. Only
+        when no node works is the last error raised.
+        """
+        error: Exception | None = None
+        for _ in range(len(self.nodes)):
+            # Raises when no node accepts a connection (the caller retries later).
+            conn, index = connect_any(self.broker_url, start=self._node, heartbeat=0)
+            self._node = index
+            try:
+                channel: Any = conn.channel()
+                channel.confirm_select()
+                channel.events["basic_ack"].add(self._on_ack)
+                channel.events["basic_nack"].add(self._on_nack)
+                channel.events["basic_return"].add(self._on_return)
+                self._conn, self._channel, self._next_tag = conn, channel, 1
+                self.declare_topology()
+            except Exception as exc:  # noqa: BLE001 - this node cannot serve us: the next one
+                self._conn = conn
+                self._fail_over()
+                if len(self.nodes) > 1:
+                    log.warning("broker node %s: %s", node_address(self.nodes[index]), exc)
+                error = exc
+                continue
+            if len(self.nodes) > 1:
+                log.info("publishing through broker node %s", node_address(self.nodes[index]))
+            return
+        assert error is not None
+        raise error
 
     def declare_topology(self) -> None:
         """Declare the exchange and every lane queue (idempotent) before any publish."""
@@ -112,6 +200,11 @@ class Publisher:
             except Exception:  # noqa: BLE001 - closing a broken connection
                 log.debug("error closing broker connection", exc_info=True)
         self._conn = self._channel = None
+
+    def _fail_over(self) -> None:
+        """Drop a connection that failed; the next connect starts at the following node."""
+        self.close()
+        self._node = (self._node + 1) % len(self.nodes)
 
     # -- confirm callbacks -----------------------------------------------------------------
     def _settle(self, tag: int, multiple: bool, ok: bool) -> None:
@@ -178,7 +271,7 @@ class Publisher:
             return self._publish(self.prepare(messages), timeout_s)
         except Exception:
             # The connection's state is unknown: drop it; the caller's rows stay unrecorded.
-            self.close()
+            self._fail_over()
             raise
 
     def publish_prepared(
@@ -190,7 +283,7 @@ class Publisher:
         try:
             return self._publish(prepared, timeout_s)
         except Exception:
-            self.close()
+            self._fail_over()
             raise
 
     def _publish(
@@ -233,6 +326,7 @@ class Publisher:
                 failed[key] = reason
         if len(self._outcome) < len(messages):
             # Unconfirmed messages may still arrive later: the channel's state is unknown,
-            # so start afresh; the rows stay in the outbox and are republished (same ids).
-            self.close()
+            # so start afresh (on the next node: this one may be cut off from the queue
+            # leaders); the rows stay in the outbox and are republished (same ids).
+            self._fail_over()
         return PublishResult(confirmed, failed)

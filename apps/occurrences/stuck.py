@@ -157,20 +157,13 @@ def bounded_tenant_counts(rows: Sequence[tuple[object, int]], top: int) -> dict[
 def queue_depths(broker_url: str, prefix: str, partitions: int) -> dict[str, int]:
     """Ready messages per lane, by a passive declare of each queue (no message is read)."""
     import amqp
-    from kombu.utils.url import parse_url
 
+    from apps.occurrences.broker import connect_any
     from apps.occurrences.queues import LANES, queue_name
 
-    parts = parse_url(broker_url)
-    conn = amqp.Connection(
-        host=f"{parts['hostname'] or 'localhost'}:{parts['port'] or 5672}",
-        userid=parts["userid"] or "guest",
-        password=parts["password"] or "guest",
-        virtual_host=parts["virtual_host"] or "/",
-        connect_timeout=5,
-    )
+    # Any node of a cluster answers for its quorum queues: the first that connects will do.
+    conn, _ = connect_any(broker_url, connect_timeout=5)
     depths: dict[str, int] = {}
-    conn.connect()
     try:
         for lane in LANES:
             total = 0
