@@ -466,9 +466,27 @@ def amqp_wait(target: AmqpTarget, seconds: float) -> tuple[str, str] | None:
         time.sleep(1.0)
 
 
+def resolve_rabbitmq_nodes(url: str) -> str:
+    """A `;`-separated list of cluster nodes (kombu's failover syntax): usable when one
+    node accepts us. Only checked, never started: such a list is always the user's choice."""
+    reasons = []
+    for node_url in (part.strip() for part in url.split(";") if part.strip()):
+        target = parse_amqp_url(node_url)
+        result = amqp_probe(target)
+        if result is None:
+            return url
+        reasons.append(f"{target.where}: {result[1]}")
+    raise ServiceError(
+        f"no RabbitMQ node of CELERY_BROKER_URL answers ({'; '.join(reasons)}): set "
+        "CELERY_BROKER_URL to reachable nodes"
+    )
+
+
 def resolve_rabbitmq() -> str:
     given = os.environ.get("CELERY_BROKER_URL") or None
     url = given or DEFAULT_BROKER_URL
+    if ";" in url:
+        return resolve_rabbitmq_nodes(url)
     target = parse_amqp_url(url)
     result = amqp_probe(target)
     if result is None:
@@ -526,7 +544,11 @@ def write_env_file(path: Path, values: dict[str, str]) -> None:
     for name, value in values.items():
         check_env_value(name, value)
     path.parent.mkdir(parents=True, exist_ok=True)
-    content = "".join(f"{name}={value}\n" for name, value in values.items())
+    # A broker node list's `;` would end the assignment where a shell sources the file.
+    content = "".join(
+        f"{name}='{value}'\n" if ";" in value else f"{name}={value}\n"
+        for name, value in values.items()
+    )
     if path.exists() and path.read_text() == content:
         return
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
