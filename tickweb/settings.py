@@ -216,6 +216,9 @@ CELERY_RESULT_SERIALIZER = "json"
 CELERY_RESULT_ACCEPT_CONTENT = ["json"]
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Tick sends no ETA tasks: without Celery's delayed-delivery step a worker consumes at once
+# after failing over to another node (apps/occurrences/worker_consumer.py).
+CELERY_WORKER_CONSUMER = "apps.occurrences.worker_consumer:TickConsumer"
 # A worker whose broker is down reconnects until it is back (never gives up and exits).
 CELERY_BROKER_CONNECTION_MAX_RETRIES = None
 
