@@ -149,6 +149,15 @@ TICK_RETRY_BASE_S = env_int("TICK_RETRY_BASE_S", 2)
 TICK_RETRY_CAP_S = env_int("TICK_RETRY_CAP_S", 600)
 TICK_PARTITION_DAYS_AHEAD = env_int("TICK_PARTITION_DAYS_AHEAD", 7)
 TICK_RETENTION_DAYS = env_int("TICK_RETENTION_DAYS", 30)
+# Reconciliation audit (`manage.py reconcile`): seconds before pending work counts as stuck.
+# ENQUEUED with no attempt: above the worst legitimate queue wait and the retry cap.
+TICK_AUDIT_ENQUEUED_BOUND_S = env_int("TICK_AUDIT_ENQUEUED_BOUND_S", 900)
+# SCHEDULED / RETRY_WAIT past due and unpublished: the relay publishes within seconds.
+TICK_AUDIT_SCHEDULED_BOUND_S = env_int("TICK_AUDIT_SCHEDULED_BOUND_S", 300)
+# RUNNING past its lease's expiry: the reaper takes it within its grace.
+TICK_AUDIT_RUNNING_BOUND_S = env_int("TICK_AUDIT_RUNNING_BOUND_S", 300)
+# An ACTIVE schedule's next_run_at this far in the past: the materializer is behind or down.
+TICK_AUDIT_MATERIALIZE_LAG_S = env_int("TICK_AUDIT_MATERIALIZE_LAG_S", 300)
 
 # --- execution (issue 6) ----------------------------------------------------------------
 # No retry is scheduled later than this after scheduled_for (or after a DLQ replay).

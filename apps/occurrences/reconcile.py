@@ -1,4 +1,4 @@
-"""The reconciliation audit (SPEC §10): prove that no due occurrence went silently missing.
+"""The reconciliation audit: prove that no due occurrence went silently missing or stuck.
 
 For every schedule version, the audit recomputes the instants the version should have
 produced inside `[from, to)` and compares them with the stored occurrences. The expected
@@ -17,11 +17,18 @@ snapshot so a relay or materializer committing meanwhile cannot fake a stranded 
 2. Load the stored occurrences of those schedules in `[from, to)` and their outbox ids.
 3. Per version: expected = rule instants t with valid_from < t < valid_to, start_at <= t <
    end_at, t < the schedule's `next_run_at` when this is the current version of an ACTIVE
-   schedule (later instants are "unmaterialized", not yet due for materialization).
+   schedule (later instants are "beyond_frontier": not materialized yet, which is fine while
+   `next_run_at` keeps up - step 5 fails the audit when it does not).
 4. Classify each expected instant by the state of its stored row, or - when no row exists -
    as paused (inside a pause), missed_summarised (covered by a `missed` event whose count was
    not exact), or **missing**. Rows nobody expected are **unexpected**; a SCHEDULED or
    RETRY_WAIT row without its outbox row is **stranded** (it can never be published).
+5. Once, after the chunks, in one snapshot: work that sits in a pending state past a bound
+   (`StuckBounds`) - **stuck_enqueued**, **stuck_scheduled**, **stuck_running** - and ACTIVE
+   schedules whose `next_run_at` lags behind now (**unmaterialized**). A row in the right
+   state is not proof that it will ever move on. Set-based queries, each a count plus a
+   LIMITed sample, restricted to `[from, to)` on the partition key where they read
+   occurrences, and to `schedule_due_idx` where they read schedules.
 
 The rules, and why each is sound, are written down in docs/operations.md ("Reconciliation").
 """
@@ -36,16 +43,20 @@ import time
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
+from django.conf import settings
 from django.db import connection, transaction
+from django.utils import timezone
 
 from apps.occurrences.models import OCCURRENCE_NAMESPACE, Occurrence
+from apps.schedules.models import Schedule
 
-FAILING = ("missing", "unexpected", "stranded")
+STUCK = ("stuck_enqueued", "stuck_scheduled", "stuck_running", "unmaterialized")
+FAILING = ("missing", "unexpected", "stranded", *STUCK)
 SAMPLE_LIMIT = 20
 
 _STATE_CLASS: dict[str, str] = {
@@ -216,9 +227,31 @@ class Finding:
     kind: str
     schedule_id: str
     version: int
-    scheduled_for: str
+    scheduled_for: str  # unmaterialized: the schedule's next_run_at
     occurrence_id: str | None = None
     state: str | None = None
+    # Stuck classes: seconds since the row should have moved on (enqueued_at, the due outbox
+    # instant, the lease's expiry) or, for unmaterialized, the materialization lag.
+    age_s: float | None = None
+
+
+@dataclass(frozen=True)
+class StuckBounds:
+    """Seconds a row may sit in a pending state (or next_run_at may lag) before it fails."""
+
+    enqueued_s: int
+    scheduled_s: int
+    running_s: int
+    materialize_lag_s: int
+
+    @classmethod
+    def from_settings(cls) -> StuckBounds:
+        return cls(
+            enqueued_s=settings.TICK_AUDIT_ENQUEUED_BOUND_S,
+            scheduled_s=settings.TICK_AUDIT_SCHEDULED_BOUND_S,
+            running_s=settings.TICK_AUDIT_RUNNING_BOUND_S,
+            materialize_lag_s=settings.TICK_AUDIT_MATERIALIZE_LAG_S,
+        )
 
 
 @dataclass
@@ -232,6 +265,8 @@ class ReconcileReport:
     stored: int = 0
     chunks: int = 0
     elapsed_s: float = 0.0
+    now: datetime | None = None
+    bounds: StuckBounds | None = None
 
     @property
     def failed(self) -> bool:
@@ -245,11 +280,14 @@ class ReconcileReport:
 
     def as_json(self) -> dict[str, Any]:
         rate = self.schedules / self.elapsed_s if self.elapsed_s else 0.0
+        # Failing classes always appear, zero included: a 0 says the check ran.
+        counts = {**dict.fromkeys(FAILING, 0), **self.counts}
         return {
             "from": self.start.isoformat(),
             "to": self.end.isoformat(),
+            "now": self.now.isoformat() if self.now else None,
             "ok": not self.failed,
-            "counts": dict(sorted(self.counts.items())),
+            "counts": dict(sorted(counts.items())),
             "samples": {k: [vars(f) for f in v] for k, v in sorted(self.samples.items()) if v},
             "schedules": self.schedules,
             "versions": self.versions,
@@ -257,6 +295,7 @@ class ReconcileReport:
             "chunks": self.chunks,
             "elapsed_s": round(self.elapsed_s, 3),
             "schedules_per_s": round(rate, 1),
+            "stuck_bounds_s": asdict(self.bounds) if self.bounds else None,
         }
 
 
@@ -358,9 +397,17 @@ def reconcile(
     end: datetime,
     tenant_id: uuid.UUID | None = None,
     chunk_size: int = 5000,
+    now: datetime | None = None,
+    bounds: StuckBounds | None = None,
 ) -> ReconcileReport:
-    """Audit `[start, end)` chunk by chunk (module docstring, steps 1-4)."""
-    report = ReconcileReport(start=start, end=end)
+    """Audit `[start, end)` chunk by chunk (module docstring, steps 1-4), then look for
+    stuck work and a lagging materializer as of `now` (step 5)."""
+    report = ReconcileReport(
+        start=start,
+        end=end,
+        now=now or timezone.now(),
+        bounds=bounds or StuckBounds.from_settings(),
+    )
     started = time.perf_counter()
     cursor_key: tuple[Any, ...] = (_FAR_FUTURE, _MAX_UUID) if tenant_id else (uuid.UUID(int=0),)
     # Inside a caller's transaction (tests) the caller's snapshot rules instead.
@@ -388,6 +435,7 @@ def reconcile(
             )
         if len(rows) < chunk_size:
             break
+    _audit_stuck(report, tenant_id=tenant_id, own_snapshot=own_snapshot)
     report.elapsed_s = time.perf_counter() - started
     return report
 
@@ -482,7 +530,7 @@ def _reconcile_schedule(
             if found is not None:
                 _classify_stored(report, sid, found, outboxed)
             elif frontier is not None and t >= frontier:
-                report.counts["unmaterialized"] += 1
+                report.counts["beyond_frontier"] += 1
             elif _inside(schedule.pauses, t):
                 report.counts["paused"] += 1
             elif _inside([(a, b) for a, b in summarised], t):
@@ -526,6 +574,151 @@ def _classify_stored(
         report.add(Finding("stranded", sid, version, at.isoformat(), _text(occ_id), state))
         return
     report.counts[_STATE_CLASS.get(state, "pending")] += 1
+
+
+# --------------------------------------------------------------------------------------------
+# Stuck work (step 5)
+# --------------------------------------------------------------------------------------------
+# Every query returns (id, schedule id, version, instant, state, since, total): the oldest
+# SAMPLE_LIMIT rows, each carrying the count of all matches (count(*) OVER () runs before
+# the LIMIT): one read per class.
+# There is no index on occurrences.state: the occurrence queries are bounded by the audit
+# window on the partition key, i.e. they scan the window's day partitions.
+
+# enqueued_at is the first publish and a retry republished later keeps it: an attempt open or
+# ended within the bound means the row has been back in the queue only since then. Through
+# attempt_no_uniq (occurrence_id, scheduled_for, attempt_no), pruned to the window.
+_STUCK_ENQUEUED_SQL = """
+    SELECT o.id, o.schedule_id, o.schedule_version, o.scheduled_for, o.state,
+           o.enqueued_at AS since, count(*) OVER ()
+    FROM occurrences_occurrence o
+    WHERE o.scheduled_for >= %(start)s AND o.scheduled_for < %(end)s
+      AND o.state = %(enqueued)s AND o.enqueued_at < %(enqueued_before)s {tenant}
+      AND NOT EXISTS (
+          SELECT 1 FROM occurrences_attempt a
+          WHERE a.occurrence_id = o.id AND a.scheduled_for = o.scheduled_for
+            AND a.scheduled_for >= %(start)s AND a.scheduled_for < %(end)s
+            AND (a.finished_at IS NULL OR a.finished_at >= %(enqueued_before)s)
+      )
+    ORDER BY since, o.id
+    LIMIT %(limit)s
+"""
+# Due more than the bound ago and not published: the earliest unparked outbox row is past due
+# (a failing publish backs its row off, so a relay still trying is not stuck), or there is no
+# such row at all. A RETRY_WAIT row's own available_at is its first due instant, before any
+# retry, so the outbox row is what tells when its retry is due. The outbox has no index on
+# occurrence_id: the join reads it once (it holds only unpublished rows).
+_STUCK_SCHEDULED_SQL = """
+    SELECT o.id, o.schedule_id, o.schedule_version, o.scheduled_for, o.state,
+           coalesce(min(b.available_at), o.available_at) AS since, count(*) OVER ()
+    FROM occurrences_occurrence o
+    LEFT JOIN occurrences_dispatchoutbox b
+        ON b.occurrence_id = o.id AND b.scheduled_for = o.scheduled_for
+       AND b.parked_at IS NULL
+    WHERE o.scheduled_for >= %(start)s AND o.scheduled_for < %(end)s
+      AND o.state IN (%(scheduled)s, %(retry_wait)s)
+      AND o.available_at < %(scheduled_before)s {tenant}
+    GROUP BY o.id, o.scheduled_for
+    HAVING coalesce(min(b.available_at), o.available_at) < %(scheduled_before)s
+    ORDER BY since, o.id
+    LIMIT %(limit)s
+"""
+# The reaper takes an attempt within seconds of its lease's expiry; one this far past it means
+# the reaper is down. Through a partial index of open attempts (attempt_open_lease_idx or
+# attempt_open_tenant_idx: finished attempts are not in them), then the occurrence by key.
+_STUCK_RUNNING_SQL = """
+    SELECT o.id, o.schedule_id, o.schedule_version, o.scheduled_for, o.state,
+           a.lease_expires_at AS since, count(*) OVER ()
+    FROM occurrences_attempt a
+    JOIN occurrences_occurrence o
+        ON o.id = a.occurrence_id AND o.scheduled_for = a.scheduled_for
+    WHERE a.finished_at IS NULL AND a.lease_expires_at < %(running_before)s
+      AND a.scheduled_for >= %(start)s AND a.scheduled_for < %(end)s
+      AND o.scheduled_for >= %(start)s AND o.scheduled_for < %(end)s
+      AND o.state = %(running)s {tenant}
+    ORDER BY since, o.id
+    LIMIT %(limit)s
+"""
+# Schedules are not bounded by the window: a materializer down for a day leaves next_run_at
+# before any recent window. One range probe of schedule_due_idx per shard instead (its
+# partial predicate is repeated so that it applies); healthy, each probe finds nothing.
+# The count reads the index alone; the sample takes at most SAMPLE_LIMIT rows per shard.
+_LATE_SCHEDULES = """
+    FROM generate_series(0, %(shards)s - 1) AS g(shard)
+    CROSS JOIN LATERAL (
+        SELECT s.id, s.version, s.next_run_at, s.state FROM schedules_schedule s
+        WHERE s.shard = g.shard AND s.state = %(active)s AND s.next_run_at IS NOT NULL
+          AND s.next_run_at < %(materialize_before)s {tenant}
+        {order_limit}
+    ) AS late
+"""
+_LATE_COUNT_SQL = "SELECT count(*)" + _LATE_SCHEDULES
+_LATE_SAMPLE_SQL = (
+    "SELECT late.id, late.version, late.next_run_at, late.state"
+    + _LATE_SCHEDULES
+    + " ORDER BY late.next_run_at, late.id LIMIT %(limit)s"
+)
+
+
+def _audit_stuck(
+    report: ReconcileReport, *, tenant_id: uuid.UUID | None, own_snapshot: bool
+) -> None:
+    """Step 5: the four stuck classes as of `report.now`, in one snapshot."""
+    assert report.now is not None and report.bounds is not None
+    now, bounds = report.now, report.bounds
+    params: dict[str, Any] = {
+        "start": report.start,
+        "end": report.end,
+        "tenant": tenant_id,
+        "limit": SAMPLE_LIMIT,
+        "shards": settings.TICK_SHARDS,
+        "enqueued": Occurrence.State.ENQUEUED,
+        "scheduled": Occurrence.State.SCHEDULED,
+        "retry_wait": Occurrence.State.RETRY_WAIT,
+        "running": Occurrence.State.RUNNING,
+        "active": Schedule.State.ACTIVE,
+        "enqueued_before": now - timedelta(seconds=bounds.enqueued_s),
+        "scheduled_before": now - timedelta(seconds=bounds.scheduled_s),
+        "running_before": now - timedelta(seconds=bounds.running_s),
+        "materialize_before": now - timedelta(seconds=bounds.materialize_lag_s),
+    }
+    by_tenant = tenant_id is not None
+    occurrence_tenant = "AND o.tenant_id = %(tenant)s" if by_tenant else ""
+    schedule_tenant = "AND s.tenant_id = %(tenant)s" if by_tenant else ""
+    with transaction.atomic(), connection.cursor() as cursor:
+        if own_snapshot:
+            cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        for kind, sql in (
+            ("stuck_enqueued", _STUCK_ENQUEUED_SQL),
+            ("stuck_scheduled", _STUCK_SCHEDULED_SQL),
+            ("stuck_running", _STUCK_RUNNING_SQL),
+        ):
+            cursor.execute(sql.format(tenant=occurrence_tenant), params)
+            rows = cursor.fetchall()
+            if rows:
+                report.counts[kind] = int(rows[0][6])
+                report.samples[kind] = [
+                    Finding(kind, str(sid), version, at.isoformat(), str(occ_id), state,
+                            _age(now, since))
+                    for occ_id, sid, version, at, state, since, _ in rows
+                ]  # fmt: skip
+        cursor.execute(_LATE_COUNT_SQL.format(tenant=schedule_tenant, order_limit=""), params)
+        late = cursor.fetchone()
+        if late and late[0]:
+            report.counts["unmaterialized"] = int(late[0])
+            per_shard = "ORDER BY s.next_run_at LIMIT %(limit)s"
+            cursor.execute(
+                _LATE_SAMPLE_SQL.format(tenant=schedule_tenant, order_limit=per_shard), params
+            )
+            report.samples["unmaterialized"] = [
+                Finding("unmaterialized", str(sid), version, next_run_at.isoformat(),
+                        state=state, age_s=_age(now, next_run_at))
+                for sid, version, next_run_at, state in cursor.fetchall()
+            ]  # fmt: skip
+
+
+def _age(now: datetime, since: datetime) -> float:
+    return round((now - since).total_seconds(), 1)
 
 
 _NAMESPACE_BYTES = OCCURRENCE_NAMESPACE.bytes

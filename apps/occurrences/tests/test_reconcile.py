@@ -1,8 +1,9 @@
-"""The reconciliation audit: clean data passes, and every planted fault is found (issue 8)."""
+"""The reconciliation audit: clean data passes, and every planted fault is found."""
 
 from __future__ import annotations
 
 import io
+import json
 import random
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -10,12 +11,19 @@ from typing import Any
 
 import pytest
 import time_machine
+from django.conf import settings
 from django.core.management import call_command
 from django.db import connection
 
 from apps.occurrences.materializer import materialize_pass
-from apps.occurrences.models import DispatchOutbox, Occurrence, occurrence_id_for
-from apps.occurrences.reconcile import ReconcileReport, expected_cron_instants, reconcile
+from apps.occurrences.models import Attempt, DispatchOutbox, Lane, Occurrence, occurrence_id_for
+from apps.occurrences.reconcile import (
+    FAILING,
+    ReconcileReport,
+    StuckBounds,
+    expected_cron_instants,
+    reconcile,
+)
 from apps.occurrences.tests.helpers import leases, materialize_config
 from apps.schedules import timerules
 from apps.schedules.models import Schedule
@@ -28,18 +36,24 @@ pytestmark = pytest.mark.django_db
 # Europe/Berlin springs forward at 01:00 UTC on 2026-03-29 (02:00 local does not exist).
 T0 = datetime(2026, 3, 29, 0, 0, tzinfo=UTC)
 START, END = T0 - timedelta(hours=2), T0 + timedelta(hours=4)
+# The world's last change (the pause) happens at T0 + 40 min; the stuck classes are judged then.
+NOW = T0 + timedelta(minutes=40)
 
 
-def _audit() -> ReconcileReport:
-    return reconcile(start=START, end=END, chunk_size=7)
+def _audit(**kwargs: Any) -> ReconcileReport:
+    return reconcile(start=START, end=END, chunk_size=7, now=NOW, **kwargs)
 
 
 def _failing(report: ReconcileReport) -> set[tuple[str, str, str]]:
     return {
         (kind, f.schedule_id, f.scheduled_for)
-        for kind in ("missing", "unexpected", "stranded")
+        for kind in FAILING
         for f in report.samples.get(kind, [])
     }
+
+
+def _failing_counts(report: ReconcileReport) -> dict[str, int]:
+    return {kind: report.counts[kind] for kind in FAILING if report.counts[kind]}
 
 
 def _world(tenant: Tenant) -> dict[str, Schedule]:
@@ -124,10 +138,11 @@ def test_clean_data_has_nothing_missing_or_unexpected(tenant_a: Tenant) -> None:
     assert report.counts["missing"] == 0, report.as_json()
     assert report.counts["unexpected"] == 0, report.as_json()
     assert report.counts["stranded"] == 0, report.as_json()
+    assert _failing_counts(report) == {}, report.as_json()
     assert not report.failed
     counts = report.counts
     for kind in ("succeeded", "pending", "missed", "missed_summarised", "superseded",
-                 "canceled", "unmaterialized"):  # fmt: skip
+                 "canceled", "beyond_frontier"):  # fmt: skip
         assert counts[kind] > 0, (kind, report.as_json())
     assert report.schedules == 27
     assert report.stored == Occurrence.objects.count()
@@ -206,13 +221,14 @@ def test_every_planted_fault_is_found_and_nothing_else(tenant_a: Tenant) -> None
 def test_command_exits_non_zero_and_prints_json_on_a_gap(tenant_a: Tenant, capsys: Any) -> None:
     made = _world(tenant_a)
     args = ["--from", START.isoformat(), "--to", END.isoformat(), "--json"]
-    call_command("reconcile", *args, "--tenant", tenant_a.slug)
+    with time_machine.travel(NOW, tick=False):
+        call_command("reconcile", *args, "--tenant", tenant_a.slug)
     assert '"ok": true' in capsys.readouterr().out
     victim = Occurrence.objects.filter(schedule=made["utc3"], state="SUCCEEDED").first()
     assert victim is not None
     Occurrence.objects.filter(id=victim.id, scheduled_for=victim.scheduled_for).delete()
 
-    with pytest.raises(SystemExit) as exited:
+    with time_machine.travel(NOW, tick=False), pytest.raises(SystemExit) as exited:
         call_command("reconcile", *args)
 
     assert exited.value.code == 1
@@ -233,12 +249,260 @@ def test_textfile_export_for_the_missing_occurrences_alert(tenant_a: Tenant, tmp
     _world(tenant_a)
     path = tmp_path / "tick_reconcile.prom"
 
-    call_command(
-        "reconcile", "--from", START.isoformat(), "--to", END.isoformat(), "--textfile",
-        str(path), stdout=io.StringIO(),
-    )  # fmt: skip
+    with time_machine.travel(NOW, tick=False):
+        call_command(
+            "reconcile", "--from", START.isoformat(), "--to", END.isoformat(), "--textfile",
+            str(path), stdout=io.StringIO(),
+        )  # fmt: skip
 
     text = path.read_text()
-    assert 'tick_reconcile_findings{kind="missing"} 0' in text
-    assert 'tick_reconcile_findings{kind="unexpected"} 0' in text
+    for kind in FAILING:
+        assert f'tick_reconcile_findings{{kind="{kind}"}} 0' in text, kind
     assert "tick_reconcile_last_run_timestamp_seconds" in text
+
+
+# --------------------------------------------------------------------------------------------
+# Stuck work: judged at NOW, bounds from the settings (900 s enqueued, 300 s otherwise)
+# --------------------------------------------------------------------------------------------
+
+
+def _occurrence(schedule: Schedule, minutes: int) -> Occurrence:
+    """The row of `schedule` at T0 + `minutes` (first hour: SUCCEEDED by `_world`)."""
+    return Occurrence.objects.get(schedule=schedule, scheduled_for=T0 + timedelta(minutes=minutes))
+
+
+def _set(occ: Occurrence, **fields: Any) -> None:
+    Occurrence.objects.filter(id=occ.id, scheduled_for=occ.scheduled_for).update(**fields)
+
+
+def _outbox(occ: Occurrence, available_at: datetime) -> None:
+    DispatchOutbox.objects.create(
+        occurrence_id=occ.id, scheduled_for=occ.scheduled_for, schedule_id=occ.schedule_id,
+        schedule_version=occ.schedule_version, tenant_id=occ.tenant_id,
+        shard=occ.schedule.shard, lane=Lane.RETRY, available_at=available_at, created_at=NOW,
+    )  # fmt: skip
+
+
+def _attempt(occ: Occurrence, *, lease_expires_at: datetime, finished_at: datetime | None) -> None:
+    Attempt.objects.create(
+        scheduled_for=occ.scheduled_for, occurrence_id=occ.id, tenant_id=occ.tenant_id,
+        attempt_no=1, lease_token=uuid.uuid4(), lease_expires_at=lease_expires_at,
+        worker_id="test:1", started_at=lease_expires_at - timedelta(seconds=60),
+        finished_at=finished_at, outcome="" if finished_at is None else "RETRY",
+    )  # fmt: skip
+
+
+def _sample(report: ReconcileReport, kind: str) -> list[tuple[Any, ...]]:
+    return [
+        (f.occurrence_id, f.schedule_id, f.version, f.scheduled_for, f.state, f.age_s)
+        for f in report.samples.get(kind, [])
+    ]
+
+
+def _expected(occ: Occurrence, state: str, age_s: float) -> tuple[Any, ...]:
+    return (str(occ.id), str(occ.schedule_id), occ.schedule_version,
+            occ.scheduled_for.isoformat(), state, age_s)  # fmt: skip
+
+
+def test_enqueued_too_long_fails_until_it_succeeds(tenant_a: Tenant) -> None:
+    made = _world(tenant_a)
+    stuck = _occurrence(made["utc4"], 15)  # enqueued 25 min before NOW, no attempt
+    _set(stuck, state=Occurrence.State.ENQUEUED, enqueued_at=stuck.scheduled_for,
+         finished_at=None)  # fmt: skip
+
+    report = _audit()
+
+    assert report.failed
+    assert _failing_counts(report) == {"stuck_enqueued": 1}
+    assert _sample(report, "stuck_enqueued") == [
+        _expected(stuck, Occurrence.State.ENQUEUED, 1500.0)
+    ]
+    assert report.as_json()["ok"] is False
+
+    _set(stuck, state=Occurrence.State.SUCCEEDED, finished_at=NOW)
+
+    report = _audit()
+
+    assert not report.failed
+    assert _failing_counts(report) == {}
+    assert report.as_json()["counts"]["stuck_enqueued"] == 0
+
+
+def test_enqueued_within_the_bound_or_back_from_a_retry_passes(tenant_a: Tenant) -> None:
+    made = _world(tenant_a)
+    fresh = _occurrence(made["utc5"], 30)  # enqueued 10 min before NOW
+    _set(fresh, state=Occurrence.State.ENQUEUED, enqueued_at=fresh.scheduled_for,
+         finished_at=None)  # fmt: skip
+    # First published 30 min ago, failed 2 min ago and republished: enqueued_at keeps the
+    # first publish, the finished attempt tells that it is back in the queue since.
+    retried = _occurrence(made["utc6"], 10)
+    _set(retried, state=Occurrence.State.ENQUEUED, enqueued_at=retried.scheduled_for,
+         finished_at=None, attempt_count=1)  # fmt: skip
+    _attempt(retried, lease_expires_at=NOW, finished_at=NOW - timedelta(minutes=2))
+
+    report = _audit()
+
+    assert not report.failed
+    assert _failing_counts(report) == {}
+
+    # The same rows with a one-minute bound: both are seen.
+    report = _audit(bounds=StuckBounds(enqueued_s=60, scheduled_s=300, running_s=300,
+                                       materialize_lag_s=300))  # fmt: skip
+
+    assert _failing_counts(report) == {"stuck_enqueued": 2}
+    assert _sample(report, "stuck_enqueued") == [
+        _expected(retried, Occurrence.State.ENQUEUED, 1800.0),
+        _expected(fresh, Occurrence.State.ENQUEUED, 600.0),
+    ]
+
+
+def test_scheduled_past_due_fails_and_a_backing_off_publish_does_not(tenant_a: Tenant) -> None:
+    made = _world(tenant_a)
+    late = _occurrence(made["utc6"], 20)  # due 20 min before NOW, still in the outbox
+    backing_off = _occurrence(made["utc7"], 20)  # due as long ago, the relay retries it soon
+    for occ in (late, backing_off):
+        _set(occ, state=Occurrence.State.SCHEDULED, enqueued_at=None, finished_at=None)
+    _outbox(late, late.available_at)
+    _outbox(backing_off, NOW + timedelta(seconds=10))
+
+    report = _audit()
+
+    assert _failing_counts(report) == {"stuck_scheduled": 1}
+    assert _sample(report, "stuck_scheduled") == [
+        _expected(late, Occurrence.State.SCHEDULED, 1200.0)
+    ]
+
+
+def test_retry_wait_past_due_or_without_an_outbox_row_fails(tenant_a: Tenant) -> None:
+    made = _world(tenant_a)
+    overdue = _occurrence(made["utc8"], 25)  # its retry was due 301 s before NOW
+    waiting = _occurrence(made["utc9"], 25)  # its retry is due in a minute
+    orphan = _occurrence(made["utc10"], 25)  # no outbox row: nothing will ever retry it
+    for occ in (overdue, waiting, orphan):
+        _set(occ, state=Occurrence.State.RETRY_WAIT, finished_at=None, attempt_count=1)
+    _outbox(overdue, NOW - timedelta(seconds=301))
+    _outbox(waiting, NOW + timedelta(minutes=1))
+
+    report = _audit()
+
+    assert _failing_counts(report) == {"stuck_scheduled": 2, "stranded": 1}
+    assert _sample(report, "stuck_scheduled") == [
+        _expected(orphan, Occurrence.State.RETRY_WAIT, 900.0),  # since its own available_at
+        _expected(overdue, Occurrence.State.RETRY_WAIT, 301.0),
+    ]
+    assert [f.occurrence_id for f in report.samples["stranded"]] == [str(orphan.id)]
+
+
+def test_running_past_lease_fails(tenant_a: Tenant) -> None:
+    made = _world(tenant_a)
+    abandoned = _occurrence(made["utc11"], 10)  # lease expired 301 s ago: no reaper
+    reapable = _occurrence(made["utc12"], 10)  # lease expired 30 s ago: the reaper's turn
+    for occ, expired in ((abandoned, 301), (reapable, 30)):
+        _set(occ, state=Occurrence.State.RUNNING, finished_at=None, attempt_count=1)
+        _attempt(occ, lease_expires_at=NOW - timedelta(seconds=expired), finished_at=None)
+
+    report = _audit()
+
+    assert _failing_counts(report) == {"stuck_running": 1}
+    assert _sample(report, "stuck_running") == [
+        _expected(abandoned, Occurrence.State.RUNNING, 301.0)
+    ]
+
+
+def test_stalled_materializer_fails_as_unmaterialized(tenant_a: Tenant, capsys: Any) -> None:
+    made = _world(tenant_a)
+    stalled = Schedule.objects.get(pk=made["utc13"].pk)
+    behind = NOW - timedelta(minutes=10)
+    Schedule.objects.filter(pk=stalled.pk).update(next_run_at=behind)
+    # A paused schedule's next_run_at is not the materializer's to advance.
+    Schedule.objects.filter(pk=made["paused"].pk).update(next_run_at=NOW - timedelta(hours=1))
+
+    report = _audit()
+
+    assert _failing_counts(report) == {"unmaterialized": 1}
+    assert [
+        (f.schedule_id, f.version, f.scheduled_for, f.occurrence_id, f.state, f.age_s)
+        for f in report.samples["unmaterialized"]
+    ] == [(str(stalled.id), stalled.version, behind.isoformat(), None, "ACTIVE", 600.0)]
+
+    args = ["--from", START.isoformat(), "--to", END.isoformat(), "--json"]
+    with time_machine.travel(NOW, tick=False), pytest.raises(SystemExit) as exited:
+        call_command("reconcile", *args)
+
+    assert exited.value.code == 1
+    data = json.loads(capsys.readouterr().out)
+    assert data["ok"] is False
+    assert data["counts"]["unmaterialized"] == 1
+    assert [(s["schedule_id"], s["age_s"]) for s in data["samples"]["unmaterialized"]] == [
+        (str(stalled.id), 600.0)
+    ]
+
+    # A lag of ten minutes is within a bound of fifteen.
+    with time_machine.travel(NOW, tick=False):
+        call_command("reconcile", *args, "--materialize-lag", "900")
+
+    data = json.loads(capsys.readouterr().out)
+    assert data["ok"] is True
+    assert data["counts"]["unmaterialized"] == 0
+    assert data["stuck_bounds_s"] == {
+        "enqueued_s": 900, "scheduled_s": 300, "running_s": 300, "materialize_lag_s": 900,
+    }  # fmt: skip
+
+
+def test_command_exits_non_zero_on_stuck_work_and_bounds_are_overridable(
+    tenant_a: Tenant, capsys: Any
+) -> None:
+    made = _world(tenant_a)
+    stuck = _occurrence(made["utc14"], 15)
+    _set(stuck, state=Occurrence.State.ENQUEUED, enqueued_at=stuck.scheduled_for,
+         finished_at=None)  # fmt: skip
+    args = ["--from", START.isoformat(), "--to", END.isoformat()]
+
+    with time_machine.travel(NOW, tick=False), pytest.raises(SystemExit) as exited:
+        call_command("reconcile", *args)
+
+    assert exited.value.code == 1
+    out = capsys.readouterr().out
+    assert "stuck_enqueued 1" in out
+    assert f"'occurrence_id': '{stuck.id}'" in out
+    assert out.rstrip().endswith("FAILED")
+
+    # Twenty-five minutes is within a bound of thirty.
+    with time_machine.travel(NOW, tick=False):
+        call_command("reconcile", *args, "--enqueued-bound", "1800")
+
+    out = capsys.readouterr().out
+    assert "stuck_enqueued 0" in out
+    assert out.rstrip().endswith("OK")
+
+
+def test_stuck_work_is_scoped_to_the_window_and_the_tenant(
+    tenant_a: Tenant, tenant_b: Tenant
+) -> None:
+    made = _world(tenant_a)
+    stuck = _occurrence(made["utc15"], 15)
+    _set(stuck, state=Occurrence.State.ENQUEUED, enqueued_at=stuck.scheduled_for,
+         finished_at=None)  # fmt: skip
+    assert _audit(tenant_id=tenant_a.id).counts["stuck_enqueued"] == 1
+
+    assert _audit(tenant_id=tenant_b.id).counts["stuck_enqueued"] == 0
+    later = reconcile(start=T0 + timedelta(minutes=20), end=END, now=NOW)
+    assert _failing_counts(later) == {}
+
+
+def test_unmaterialized_count_probes_the_due_index(tenant_a: Tenant) -> None:
+    from apps.occurrences.reconcile import _LATE_COUNT_SQL
+
+    _world(tenant_a)
+    params: dict[str, Any] = {
+        "shards": settings.TICK_SHARDS, "active": Schedule.State.ACTIVE,
+        "materialize_before": NOW,
+    }  # fmt: skip
+    with connection.cursor() as cursor:
+        # The table is tiny here; what matters is that the partial index applies at all.
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        cursor.execute("EXPLAIN " + _LATE_COUNT_SQL.format(tenant="", order_limit=""), params)
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+
+    assert "schedule_due_idx" in plan, plan
+    assert "Seq Scan on schedules_schedule" not in plan, plan
