@@ -162,6 +162,9 @@ TICK_AUDIT_MATERIALIZE_LAG_S = env_int("TICK_AUDIT_MATERIALIZE_LAG_S", 300)
 # --- execution (issue 6) ----------------------------------------------------------------
 # No retry is scheduled later than this after scheduled_for (or after a DLQ replay).
 TICK_RETRY_DEADLINE_S = env_int("TICK_RETRY_DEADLINE_S", 86_400)
+# Backstop (`manage.py reap`): ENQUEUED this long after its last broker confirm with no
+# claim = the broker lost it; republished with the same id. Above the worst queue wait.
+TICK_REDELIVER_AFTER_S = env_int("TICK_REDELIVER_AFTER_S", 600)
 # Over-quota claims (Tenant.max_running) are re-queued this much later (plus jitter).
 TICK_QUOTA_DELAY_S = env_int("TICK_QUOTA_DELAY_S", 2)
 # A worker retries a database outage this long (backoff) before handing the message back.

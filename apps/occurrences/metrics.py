@@ -61,6 +61,11 @@ retries_refused = Counter(
 )
 cancels = Counter("tick_cancels_total", "Running occurrences that ended CANCELED cooperatively")
 replays = Counter("tick_replays_total", "DEAD occurrences replayed from the DLQ")
+backstop_redeliveries = Counter(
+    "tick_backstop_redeliveries_total",
+    "ENQUEUED occurrences republished (same id) because nothing claimed them within "
+    "TICK_REDELIVER_AFTER_S of their last broker confirm: messages the broker lost",
+)
 webhook_refused = Counter("tick_webhook_refused_total", "Webhook targets refused by the SSRF guard")
 
 tenant_throttled = Counter(

@@ -71,6 +71,9 @@ class Occurrence(models.Model):
     available_at = models.DateTimeField()
     # First broker confirm of a durable publish; the SLO is measured from it.
     enqueued_at = models.DateTimeField(null=True, blank=True)
+    # Latest broker confirm of any publish of it (retry, delay, backstop redelivery): the
+    # backstop's clock, so a message confirmed a moment ago is never taken for a lost one.
+    last_enqueued_at = models.DateTimeField(null=True, blank=True)
     attempt_count = models.PositiveIntegerField(default=0)
     created_at = models.DateTimeField()
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -81,6 +84,10 @@ class Occurrence(models.Model):
     deadline_at = models.DateTimeField(null=True, blank=True)
     # Cooperative cancel of a RUNNING occurrence: the heartbeat sets the handler's flag.
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    # Republished by the backstop (redelivery.occurrences_redeliver) after the broker lost
+    # its message; the same id each time.
+    redelivery_count = models.PositiveIntegerField(default=0, db_default=0)
+    last_redelivered_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         managed = True
@@ -93,6 +100,15 @@ class Occurrence(models.Model):
         indexes = [
             # Tenant listings of occurrences by time (API/UI).
             models.Index(fields=["tenant", "scheduled_for"], name="occurrence_tenant_time_idx"),
+            # The backstop of `manage.py reap` (redelivery.occurrences_redeliver): published,
+            # unfinished occurrences by first confirm; in-flight work only. Not
+            # `WHERE state = 'ENQUEUED'`: a predicate on state makes every state change a
+            # non-HOT update; this one spares the claim's (docs/decisions.md).
+            models.Index(
+                fields=["enqueued_at"],
+                name="occurrence_enqueued_open_idx",
+                condition=models.Q(finished_at__isnull=True, enqueued_at__isnull=False),
+            ),
         ]
 
     def __str__(self) -> str:

@@ -12,10 +12,11 @@ One step (`relay_step`):
    to `envelope_max` occurrences of one tenant and lane due at the same instant (a burst).
    Tenants take turns (round-robin) within an instant. Wait until each instant (never publish
    early), then publish with publisher confirms and `mandatory`.
-3. Record the confirmed rows only: `enqueued_at` (the confirm time) and ENQUEUED, and delete
-   their outbox rows, in one fenced transaction — inline, or on the `Recorder` thread so the
-   next instant's publishing does not wait for a 100k-row update. Failed publishes stay in
-   the outbox for the next step.
+3. Record the confirmed rows only: `enqueued_at` (the first confirm time; `last_enqueued_at`
+   the latest, the backstop's clock) and ENQUEUED, and delete their outbox rows, in one
+   fenced transaction — inline, or on the `Recorder` thread so the next instant's
+   publishing does not wait for a 100k-row update. Failed publishes stay in the outbox for
+   the next step.
 A crash after a confirm and before the record commits leaves the rows in the outbox: they are
 published again with the same occurrence ids (accepted duplicates, dropped at claim).
 Marking rows sent before the broker confirmed them would lose occurrences: never done.
@@ -137,6 +138,7 @@ _RECORD = """
     occ AS (
         UPDATE occurrences_occurrence o
         SET enqueued_at = COALESCE(o.enqueued_at, d.confirmed_at),
+            last_enqueued_at = GREATEST(o.last_enqueued_at, d.confirmed_at),
             state = CASE WHEN o.state IN ('SCHEDULED', 'RETRY_WAIT') THEN 'ENQUEUED'
                          ELSE o.state END
         FROM done d

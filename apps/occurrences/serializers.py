@@ -27,7 +27,7 @@ class OccurrenceSerializer(serializers.ModelSerializer[Occurrence]):
         fields = [
             "id", "schedule_id", "schedule_version", "scheduled_for", "available_at",
             "enqueued_at", "lag_s", "state", "lane", "attempt_count", "created_at",
-            "finished_at",
+            "finished_at", "last_enqueued_at", "redelivery_count", "last_redelivered_at",
         ]  # fmt: skip
         read_only_fields = fields
 

@@ -1,0 +1,113 @@
+"""The backstop: a visibility timeout kept in the database, because the broker cannot be
+trusted to deliver what it confirmed.
+
+A message can be acknowledged without its work being done (a task that raised while the
+database restarted, a purged queue, a lost broker node). Its occurrence then stays ENQUEUED
+with no attempt, and nothing else would ever move it: the lease reaper only sees RUNNING
+attempts. `occurrences_redeliver` (run by `manage.py reap`) republishes such occurrences
+through the outbox with the same id once nothing claimed them for `after_s` after their
+latest broker confirm (`last_enqueued_at`, recorded by the relay).
+
+A republish during a legitimate backlog longer than the bound is only a same-id duplicate:
+the claim drops whichever copy comes second. Each occurrence is republished at most once
+per bound: while its row waits in the outbox it is skipped, and once the relay records the
+republish `last_enqueued_at` moves to the new confirm.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import connection, transaction
+
+from apps.occurrences import metrics
+from apps.occurrences.models import Lane, Occurrence
+
+# `lost` walks occurrence_enqueued_open_idx (published, unfinished occurrences by first
+# confirm: the in-flight work only) in the day partitions of the lookback; the first
+# confirm is never later than the latest, so `enqueued_at < cutoff` is a safe index bound.
+# The outbox has no index on occurrence_id: the schedule's shard narrows the pending-row
+# probe through outbox_due_idx, so no plan can scan the whole outbox once per candidate.
+# SKIP LOCKED: an occurrence being claimed right now is left to its claim.
+_REDELIVER = """
+    WITH lost AS (
+        SELECT o.id, o.scheduled_for, s.shard
+        FROM occurrences_occurrence o
+        JOIN schedules_schedule s ON s.id = o.schedule_id
+        WHERE o.scheduled_for >= %(since)s AND o.scheduled_for <= %(now)s
+          AND o.enqueued_at IS NOT NULL AND o.finished_at IS NULL
+          AND o.enqueued_at < %(cutoff)s
+          AND o.state = %(enqueued)s
+          AND COALESCE(o.last_enqueued_at, o.enqueued_at) < %(cutoff)s
+          AND NOT EXISTS (
+              SELECT 1 FROM occurrences_attempt a
+              WHERE a.occurrence_id = o.id AND a.scheduled_for = o.scheduled_for
+                AND a.finished_at IS NULL
+          )
+          AND NOT EXISTS (
+              SELECT 1 FROM occurrences_dispatchoutbox x
+              WHERE x.shard = s.shard AND x.parked_at IS NULL
+                AND x.occurrence_id = o.id AND x.scheduled_for = o.scheduled_for
+          )
+        ORDER BY o.enqueued_at
+        LIMIT %(limit)s
+        FOR UPDATE OF o SKIP LOCKED
+    ),
+    redelivered AS (
+        UPDATE occurrences_occurrence o
+        SET redelivery_count = o.redelivery_count + 1, last_redelivered_at = %(now)s
+        FROM lost l
+        WHERE o.id = l.id AND o.scheduled_for = l.scheduled_for
+          AND o.scheduled_for >= %(since)s AND o.scheduled_for <= %(now)s
+        RETURNING o.id, o.scheduled_for, o.schedule_id, o.schedule_version, o.tenant_id, l.shard
+    ),
+    outbox AS (
+        INSERT INTO occurrences_dispatchoutbox
+            (occurrence_id, scheduled_for, schedule_id, schedule_version, tenant_id, shard,
+             lane, available_at, created_at)
+        SELECT id, scheduled_for, schedule_id, schedule_version, tenant_id, shard,
+               %(lane)s, %(now)s, %(now)s
+        FROM redelivered
+        RETURNING 1
+    )
+    SELECT count(*) FROM outbox
+"""
+
+
+@dataclass(frozen=True)
+class RedeliverResult:
+    republished: int
+
+
+def occurrences_redeliver(
+    *, now: datetime, after_s: int, limit: int = 1000, lookback_s: int | None = None
+) -> RedeliverResult:
+    """Republish, in one set-based statement and transaction, up to `limit` occurrences
+    that are ENQUEUED with no open attempt and no pending outbox row, and whose latest
+    broker confirm is more than `after_s` old: an outbox row in the retry lane due `now`
+    with the same occurrence id, and `redelivery_count`/`last_redelivered_at` recorded.
+
+    Only occurrences scheduled in the last `lookback_s` (default TICK_RETRY_DEADLINE_S)
+    are looked at, so partitions are pruned; older ones are left to the reconciliation
+    audit.
+    """
+    lookback = settings.TICK_RETRY_DEADLINE_S if lookback_s is None else lookback_s
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            _REDELIVER,
+            {
+                "now": now,
+                "since": now - timedelta(seconds=lookback),
+                "cutoff": now - timedelta(seconds=after_s),
+                "limit": limit,
+                "enqueued": Occurrence.State.ENQUEUED,
+                "lane": Lane.RETRY,
+            },
+        )
+        row = cursor.fetchone()
+    assert row is not None
+    result = RedeliverResult(republished=int(row[0]))
+    metrics.backstop_redeliveries.inc(result.republished)
+    return result
