@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.request
 from typing import Any
@@ -54,8 +55,12 @@ def test_process_port_serves_metrics_health_and_readiness() -> None:
         server.shutdown()
 
 
-def test_celery_worker_serves_summed_child_metrics(tmp_path: Any, monkeypatch: Any) -> None:
+def test_celery_worker_serves_summed_child_metrics(tmp_path: Any, monkeypatch: Any, db) -> None:
     import socket
+    from types import SimpleNamespace
+
+    from django.conf import settings
+    from kombu import Connection
 
     from tickweb import celery as tick_celery
 
@@ -65,10 +70,17 @@ def test_celery_worker_serves_summed_child_metrics(tmp_path: Any, monkeypatch: A
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
     monkeypatch.setenv("TICK_WORKER_METRICS_PORT", str(port))
     (tmp_path / "counter_1.db").write_bytes(b"")  # a stale file of an earlier run
+    broker = Connection(settings.CELERY_BROKER_URL)
+    broker.connect()
+    consumer = SimpleNamespace(connection=broker)
 
     tick_celery._clear_multiproc_dir()
-    tick_celery._serve_worker_metrics()
+    tick_celery._serve_worker_metrics(sender=consumer)
 
     assert list(tmp_path.iterdir()) == []
     assert _get(port, "/readyz")[0] == 200
     assert _get(port, "/metrics")[0] == 200
+    # the consumer lost its broker: unready (once the cached probe result is stale)
+    broker.release()
+    time.sleep(2.1)
+    assert _get(port, "/readyz")[0] == 503

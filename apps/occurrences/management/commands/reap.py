@@ -6,72 +6,94 @@ from typing import Any
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
-from django.db import close_old_connections
 from django.utils import timezone
 
 from apps.occurrences import metrics
 from apps.occurrences.execution import attempts_reap
-from apps.occurrences.health import ProcessHealth, serve_process
-from apps.occurrences.loop import StopFlag
+from apps.occurrences.loop import process_owner, run_loop
+from apps.occurrences.outages import outage_of
+from apps.occurrences.redelivery import occurrences_redeliver
 from apps.occurrences.stuck import stuck_scan
 
 log = logging.getLogger("tick.reap")
 
+REAP_LIMIT = 1000
+
 
 class Command(BaseCommand):
-    help = "Send occurrences whose attempt lease expired back to RETRY_WAIT (loop)."
+    help = (
+        "Send occurrences whose attempt lease expired back to RETRY_WAIT, and republish "
+        "ENQUEUED ones the broker lost (loop)."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--once", action="store_true")
         parser.add_argument("--interval", type=float, default=5.0)
         parser.add_argument("--grace", type=int, default=10, help="seconds past lease expiry")
-        # --- observability (issue 8): the stuck-state scan and the process's HTTP port
+        parser.add_argument(
+            "--redeliver-after",
+            type=int,
+            default=None,
+            help="republish ENQUEUED occurrences with no attempt after N s "
+            "(default TICK_REDELIVER_AFTER_S)",
+        )
         parser.add_argument("--metrics-port", type=int, default=None)
         parser.add_argument(
             "--scan-interval", type=float, default=30.0, help="stuck-state scan every N s (0: off)"
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        stop = StopFlag()
-        health = ProcessHealth("reaper")
-        if options["metrics_port"]:
-            serve_process(options["metrics_port"], health)
+        redeliver_after = options["redeliver_after"] or settings.TICK_REDELIVER_AFTER_S
         next_scan = 0.0
-        while not stop.stopping:
+
+        def scan_stuck_states() -> None:
+            metrics.measure_clock_skew("reaper")
+            scan = stuck_scan(
+                now=timezone.now(),
+                shards=settings.TICK_SHARDS,
+                window_s=settings.TICK_PLANNING_WINDOW_S,
+                lease_grace_s=options["grace"],
+                top_tenants=settings.TICK_METRICS_TOP_TENANTS,
+                broker_url=settings.CELERY_BROKER_URL,
+                queue_prefix=settings.TICK_QUEUE_PREFIX,
+                partitions=settings.TICK_TENANT_PARTITIONS,
+            )
+            if scan.stuck_outbox or scan.stuck_running or scan.stuck_schedules:
+                log.warning("stuck-state scan: %s", scan)
+
+        def unit() -> int:
+            nonlocal next_scan
             if options["scan_interval"] and time.monotonic() >= next_scan:
                 next_scan = time.monotonic() + options["scan_interval"]
                 try:
-                    metrics.measure_clock_skew("reaper")
-                    scan = stuck_scan(
-                        now=timezone.now(),
-                        shards=settings.TICK_SHARDS,
-                        window_s=settings.TICK_PLANNING_WINDOW_S,
-                        lease_grace_s=options["grace"],
-                        top_tenants=settings.TICK_METRICS_TOP_TENANTS,
-                        broker_url=settings.CELERY_BROKER_URL,
-                        queue_prefix=settings.TICK_QUEUE_PREFIX,
-                        partitions=settings.TICK_TENANT_PARTITIONS,
-                    )
-                    if scan.stuck_outbox or scan.stuck_running or scan.stuck_schedules:
-                        log.warning("stuck-state scan: %s", scan)
-                except Exception:
+                    scan_stuck_states()
+                except Exception as exc:
+                    if outage_of(exc) is not None:
+                        raise  # the loop's outage handling: unready, backoff, log once
+                    # The scan only feeds gauges: its failure must not stop the reaping.
                     log.exception("stuck-state scan failed")
-                    close_old_connections()
-            try:
-                result = attempts_reap(now=timezone.now(), grace_s=options["grace"])
-            except Exception:
-                log.exception("reap failed; retrying")
-                health.beat(ok=False)
-                close_old_connections()
-                time.sleep(options["interval"])
-                continue
-            health.beat(ok=True)
-            if result.expired:
+            now = timezone.now()
+            reaped = attempts_reap(now=now, grace_s=options["grace"], limit=REAP_LIMIT)
+            if reaped.expired:
                 log.warning(
                     "reaped %d expired attempts: %d requeued, %d dead",
-                    result.expired, result.requeued, result.dead,
+                    reaped.expired, reaped.requeued, reaped.dead,
                 )  # fmt: skip
-            if options["once"]:
-                return
-            if result.expired < 1000:
-                time.sleep(options["interval"])
+            redelivered = occurrences_redeliver(now=now, after_s=redeliver_after, limit=REAP_LIMIT)
+            if redelivered.republished:
+                log.warning(
+                    "backstop: republishing %d occurrences ENQUEUED over %d s with no attempt",
+                    redelivered.republished, redeliver_after,
+                )  # fmt: skip
+            # A full batch means more may be waiting: go again without sleeping.
+            full = reaped.expired >= REAP_LIMIT or redelivered.republished >= REAP_LIMIT
+            return 1 if full else 0
+
+        run_loop(
+            role="reaper",
+            owner=process_owner("reaper"),
+            unit=unit,
+            idle_sleep_s=options["interval"],
+            once=options["once"],
+            metrics_port=options["metrics_port"],
+        )
