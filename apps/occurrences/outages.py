@@ -61,7 +61,7 @@ def drop_database_connection() -> None:
 class Backoff:
     """Capped exponential backoff with full jitter (many processes must not retry in step)."""
 
-    def __init__(self, *, base_s: float = 0.25, cap_s: float = 10.0) -> None:
+    def __init__(self, *, base_s: float = 0.25, cap_s: float = 2.0) -> None:
         self.base_s = base_s
         self.cap_s = cap_s
         self.failures = 0

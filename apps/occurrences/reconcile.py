@@ -585,15 +585,17 @@ def _classify_stored(
 # There is no index on occurrences.state: the occurrence queries are bounded by the audit
 # window on the partition key, i.e. they scan the window's day partitions.
 
-# enqueued_at is the first publish and a retry republished later keeps it: an attempt open or
-# ended within the bound means the row has been back in the queue only since then. Through
+# Timed from the latest broker confirm (last_enqueued_at: a retry, a quota delay or a backstop
+# republish is confirmed again; enqueued_at stays the first). An attempt open or ended within
+# the bound also means the row has been back in the queue only since then. Through
 # attempt_no_uniq (occurrence_id, scheduled_for, attempt_no), pruned to the window.
 _STUCK_ENQUEUED_SQL = """
     SELECT o.id, o.schedule_id, o.schedule_version, o.scheduled_for, o.state,
-           o.enqueued_at AS since, count(*) OVER ()
+           COALESCE(o.last_enqueued_at, o.enqueued_at) AS since, count(*) OVER ()
     FROM occurrences_occurrence o
     WHERE o.scheduled_for >= %(start)s AND o.scheduled_for < %(end)s
-      AND o.state = %(enqueued)s AND o.enqueued_at < %(enqueued_before)s {tenant}
+      AND o.state = %(enqueued)s
+      AND COALESCE(o.last_enqueued_at, o.enqueued_at) < %(enqueued_before)s {tenant}
       AND NOT EXISTS (
           SELECT 1 FROM occurrences_attempt a
           WHERE a.occurrence_id = o.id AND a.scheduled_for = o.scheduled_for
