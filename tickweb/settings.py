@@ -159,7 +159,7 @@ TICK_AUDIT_RUNNING_BOUND_S = env_int("TICK_AUDIT_RUNNING_BOUND_S", 300)
 # An ACTIVE schedule's next_run_at this far in the past: the materializer is behind or down.
 TICK_AUDIT_MATERIALIZE_LAG_S = env_int("TICK_AUDIT_MATERIALIZE_LAG_S", 300)
 
-# --- execution (issue 6) ----------------------------------------------------------------
+# --- execution --------------------------------------------------------------------------
 # No retry is scheduled later than this after scheduled_for (or after a DLQ replay).
 TICK_RETRY_DEADLINE_S = env_int("TICK_RETRY_DEADLINE_S", 86_400)
 # Backstop (`manage.py reap`): ENQUEUED this long after its last broker confirm with no
@@ -179,7 +179,7 @@ TICK_WEBHOOK_CONNECT_TIMEOUT_S = float(env_str("TICK_WEBHOOK_CONNECT_TIMEOUT_S",
 TICK_WEBHOOK_READ_TIMEOUT_S = float(env_str("TICK_WEBHOOK_READ_TIMEOUT_S", "30"))
 TICK_WEBHOOK_ALLOWLIST = env_list("TICK_WEBHOOK_ALLOWLIST", [])
 
-# --- lifecycle API (issue 4) -----------------------------------------------------------
+# --- lifecycle API ---------------------------------------------------------------------
 # One JSON error shape for every 4xx (tickweb/exceptions.py); JSON is the only request format
 # (tickweb/parsers.py caps size and depth); per-key rate limit in PostgreSQL.
 REST_FRAMEWORK["EXCEPTION_HANDLER"] = "tickweb.exceptions.exception_handler"
@@ -221,9 +221,9 @@ CELERY_ACCEPT_CONTENT = ["json"]
 # (the claim then drops it as a duplicate, and the lease reaper recovers the occurrence).
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
-# Handlers can run for hours: a worker reserves one message per pool slot, no more (issue 6).
+# Handlers can run for hours: a worker reserves one message per pool slot, no more.
 CELERY_WORKER_PREFETCH_MULTIPLIER = env_int("CELERY_WORKER_PREFETCH_MULTIPLIER", 1)
-# JSON only, results too: a pickled message is refused before it is deserialized (issue 6).
+# JSON only, results too: a pickled message is refused before it is deserialized.
 CELERY_RESULT_SERIALIZER = "json"
 CELERY_RESULT_ACCEPT_CONTENT = ["json"]
 CELERY_TASK_IGNORE_RESULT = True
@@ -248,7 +248,7 @@ from apps.occurrences.queues import celery_queues  # noqa: E402
 CELERY_TASK_QUEUES = celery_queues(TICK_QUEUE_PREFIX, TICK_TENANT_PARTITIONS)
 CELERY_TASK_DEFAULT_QUEUE = f"{TICK_QUEUE_PREFIX}.strict.p0"
 
-# --- web UI (issue 7) -------------------------------------------------------------------
+# --- web UI -----------------------------------------------------------------------------
 # Server-rendered tenant pages (apps/*/views.py, templates/), htmx vendored by django-htmx.
 INSTALLED_APPS += ["django_htmx"]
 MIDDLEWARE.insert(
@@ -259,7 +259,7 @@ LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "dashboard"
 LOGOUT_REDIRECT_URL = "login"
 
-# --- observability (issue 8) ------------------------------------------------------------
+# --- observability ----------------------------------------------------------------------
 # Tenant-labelled metrics keep the top N tenants by value and sum the rest as "other".
 TICK_METRICS_TOP_TENANTS = env_int("TICK_METRICS_TOP_TENANTS", 10)
 # Structured logs: every record carries tenant/schedule/occurrence ids ("-" when the line is

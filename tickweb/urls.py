@@ -11,14 +11,14 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     # Prometheus exposition at /metrics (Tick's own metrics: apps/occurrences/metrics.py).
     path("", include("django_prometheus.urls")),
-    # Liveness and readiness of the web process (issue 8; apps/occurrences/health.py).
+    # Liveness and readiness of the web process (apps/occurrences/health.py).
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("api/v1/", include("apps.schedules.api_urls")),
     path("api/v1/", include("apps.occurrences.api_urls")),
-    # Tenant web UI (issue 7): log in, dashboard, schedules, occurrences, DLQ, keys, members.
+    # Tenant web UI (docs/ui.md): log in, dashboard, schedules, occurrences, DLQ, keys, members.
     path("", include("apps.tenants.urls")),
     path("", include("apps.schedules.urls")),
     path("", include("apps.occurrences.urls")),

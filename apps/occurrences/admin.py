@@ -38,11 +38,11 @@ class ShardLeaseAdmin(admin.ModelAdmin[ShardLease]):
 
 
 # --------------------------------------------------------------------------------------------
-# Support staff's occurrence browser (issue 7). Occurrence and Attempt have composite primary
-# keys, so there is no ModelAdmin: these admin-site views list occurrences across tenants
-# (filters by tenant, state, schedule and a bounded time range; keyset pages; the planner's
-# row estimate instead of COUNT(*)), show one with its attempts, and replay DEAD ones through
-# the same service as the API (`occurrences_replay`).
+# Support staff's occurrence browser (docs/ui.md "Django admin"). Occurrence and Attempt have
+# composite primary keys, so there is no ModelAdmin: these admin-site views list occurrences
+# across tenants (filters by tenant, state, schedule and a bounded time range; keyset pages;
+# the planner's row estimate instead of COUNT(*)), show one with its attempts, and replay DEAD
+# ones through the same service as the API (`occurrences_replay`).
 # --------------------------------------------------------------------------------------------
 
 

@@ -1,4 +1,4 @@
-"""Tenant dashboard reads (web UI, issue 7). Every query is tenant-scoped and bounded by a
+"""Tenant dashboard reads (web UI, docs/ui.md). Every query is tenant-scoped and bounded by a
 `scheduled_for` range, so it touches only the day partitions of that range."""
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from apps.tenants.models import Tenant
 LAG_BUCKET_S = 300
 
 # Lag per 5-minute bucket of scheduled_for and lane: strict = enqueued_at - scheduled_for,
-# flexible = enqueued_at - available_at (SPEC §1). Percentiles are computed in PostgreSQL.
+# flexible = enqueued_at - available_at, as the SLO metric `tick_schedule_lag_seconds`
+# (docs/operations.md "Metrics"). Percentiles are computed in PostgreSQL.
 _LAG = """
     SELECT to_timestamp(floor(extract(epoch FROM scheduled_for) / %(bucket)s) * %(bucket)s)
                AS bucket,

@@ -1,5 +1,5 @@
-"""The worker side of an occurrence (SPEC §7): claim, run the handler, complete fenced by the
-lease; the reaper, cooperative cancel and DLQ replay.
+"""The worker side of an occurrence (docs/decisions.md "Execution"): claim, run the handler,
+complete fenced by the lease; the reaper, cooperative cancel and DLQ replay.
 
 Lock story — every line may run concurrently with itself; locks are always taken in this
 order (occurrence row → schedule advisory lock → tenant advisory lock), so no cycle exists:

@@ -1,4 +1,5 @@
-"""Health (liveness) and readiness per process kind (issue 8).
+"""Health (liveness) and readiness per process kind (docs/operations.md "Endpoints per
+process kind").
 
 - web (gunicorn): `/healthz` answers 200 while the process serves requests; `/readyz` also
   runs `SELECT 1` (the web needs only the database). Metrics: `/metrics` (django-prometheus,

@@ -1,4 +1,4 @@
-"""Renewable shard leases with a fencing generation (SPEC §5).
+"""Renewable shard leases with a fencing generation (docs/architecture.md "Sharding and leases").
 
 Each materializer (and relay) process holds a fair share of the N logical shards:
 1. `LeaseSet.refresh` renews the unexpired leases its owner holds (a lease someone else took

@@ -1,5 +1,6 @@
-"""Structured logging (issue 8): every record carries `tenant_id`, `schedule_id` and
-`occurrence_id`, from `extra=` or as "-" (lines about a whole batch carry counts instead).
+"""Structured logging (docs/operations.md "Structured logs"): every record carries
+`tenant_id`, `schedule_id` and `occurrence_id`, from `extra=` or as "-" (lines about a whole
+batch carry counts instead).
 
 Hot paths log per batch or per occurrence-run, never per row inside a batch, so the cost is
 one dict lookup per line.

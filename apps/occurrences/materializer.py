@@ -1,4 +1,5 @@
-"""Materialization: turn due schedule instants into occurrences and outbox rows (SPEC §5).
+"""Materialization: turn due schedule instants into occurrences and outbox rows
+(docs/decisions.md "Materializer").
 
 One batch, one transaction (`materialize_batch`):
 1. Fence: lock this process's shard leases FOR SHARE and keep only those still held.

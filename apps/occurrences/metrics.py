@@ -1,5 +1,5 @@
-"""Prometheus metrics of the delivery path (SPEC §9). Processes export them on /metrics
-(web) or their own port (commands started with --metrics-port)."""
+"""Prometheus metrics of the delivery path (docs/operations.md "Metrics"). Processes export
+them on /metrics (web) or their own port (commands started with --metrics-port)."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ for _lane in ("strict", "flexible", "catchup", "retry"):
     occurrences_materialized.labels(lane=_lane)
     published.labels(lane=_lane)
 
-# --- execution (issue 6) ----------------------------------------------------------------
+# --- execution --------------------------------------------------------------------------
 overlap_skips = Counter(
     "tick_overlap_skipped_total", "Occurrences SKIPPED_OVERLAP at claim", ["policy"]
 )
@@ -80,7 +80,7 @@ outbox_parked = Counter(
     "Outbox rows set aside after repeated publish failures (their occurrences go DEAD)",
 )
 
-# --- observability (issue 8) ------------------------------------------------------------
+# --- observability ----------------------------------------------------------------------
 # Gauges below are set by one process (the scan in `manage.py reap`, or the process that
 # measures itself); `livemax` keeps them meaningful if they are ever read in multiprocess mode.
 due_backlog = Gauge(

@@ -1,4 +1,4 @@
-"""Occurrences, attempts, the dispatch outbox and shard leases (SPEC §2, §5, §6).
+"""Occurrences, attempts, the dispatch outbox and shard leases (docs/architecture.md "Records").
 
 `Occurrence` and `Attempt` are PostgreSQL tables range-partitioned by day on `scheduled_for`
 (created by RunSQL in migration 0001; partitions by `manage.py partitions`). Every unique key
@@ -47,7 +47,8 @@ class Occurrence(models.Model):
         CANCELED = "CANCELED", "Canceled"
         SUPERSEDED = "SUPERSEDED", "Superseded"
         SKIPPED_OVERLAP = "SKIPPED_OVERLAP", "Skipped (overlap)"
-        # QUEUE_ONE: parked behind a RUNNING occurrence of the same schedule (issue 6).
+        # QUEUE_ONE: parked behind a RUNNING occurrence of the same schedule
+        # (docs/decisions.md "Overlap policies").
         WAITING = "WAITING", "Waiting (overlap)"
 
     pk = models.CompositePrimaryKey("id", "scheduled_for")
@@ -77,7 +78,7 @@ class Occurrence(models.Model):
     attempt_count = models.PositiveIntegerField(default=0)
     created_at = models.DateTimeField()
     finished_at = models.DateTimeField(null=True, blank=True)
-    # Execution (issue 6). db_default: the materializer inserts rows with raw SQL.
+    # Execution. db_default: the materializer inserts rows with raw SQL.
     # Attempts made before the last DLQ replay; max attempts counts from here.
     attempt_base = models.PositiveIntegerField(default=0, db_default=0)
     # No retry is scheduled after this instant; NULL = scheduled_for + TICK_RETRY_DEADLINE_S.
@@ -173,7 +174,7 @@ class Attempt(models.Model):
 
 
 class DispatchOutbox(models.Model):
-    """Occurrences waiting to be published (SPEC §6). A row leaves only after the broker
+    """Occurrences waiting to be published. A row leaves only after the broker
     confirmed its publish and `enqueued_at` was recorded in the same transaction."""
 
     id = models.BigAutoField(primary_key=True)
@@ -269,9 +270,10 @@ class HandlerEffect(models.Model):
 
 
 class RetryBudget(models.Model):
-    """A tenant's retries in one fixed UTC hour (issue 6): `attempt_complete` increments
-    `used` with a conditional upsert and sends the occurrence DEAD once the tenant's
-    `retry_budget_per_hour` is spent. Old windows are deleted by the reaper."""
+    """A tenant's retries in one fixed UTC hour (docs/decisions.md "Retries by error class"):
+    `attempt_complete` increments `used` with a conditional upsert and sends the occurrence
+    DEAD once the tenant's `retry_budget_per_hour` is spent. Old windows are deleted by the
+    reaper."""
 
     tenant_id = models.UUIDField()
     window_start = models.DateTimeField()

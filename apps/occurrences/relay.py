@@ -1,4 +1,5 @@
-"""Dispatch: publish due outbox rows to RabbitMQ, then record them (SPEC §6).
+"""Dispatch: publish due outbox rows to RabbitMQ, then record them
+(docs/decisions.md "Relay publishing").
 
 One step (`relay_step`):
 1. In a transaction, lock this process's relay shard leases FOR SHARE and keep those still

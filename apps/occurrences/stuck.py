@@ -1,4 +1,4 @@
-"""The online stuck-state scan (issue 8): cheap, set-based queries that feed the gauges of
+"""The online stuck-state scan: cheap, set-based queries that feed the gauges of
 metrics.py. Run by `manage.py reap` every `--scan-interval` seconds; one process is enough
 (several only repeat the same reads).
 

@@ -1,4 +1,5 @@
-"""Per-tenant trigger-rate and catch-up-rate quotas for the relay (SPEC §6, §8).
+"""Per-tenant trigger-rate and catch-up-rate quotas for the relay
+(docs/decisions.md "Quotas in the relay").
 
 Token buckets in the relay process: a tenant's bucket refills at its rate and holds one
 second's worth, so a tenant can fire `rate` occurrences at one instant and `rate` per second

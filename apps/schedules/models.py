@@ -1,4 +1,6 @@
-"""Schedules: *when* and *what*, every version kept, every change logged (SPEC §2)."""
+"""Schedules: *when* and *what*, every version kept, every change logged
+(docs/architecture.md "Records").
+"""
 
 from __future__ import annotations
 

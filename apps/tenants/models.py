@@ -14,7 +14,8 @@ class Tenant(models.Model):
     name = models.CharField(max_length=200)
     created_at = models.DateTimeField(auto_now_add=True)
 
-    # Quotas (SPEC §8). Rates are per second; breaches are refused (429) or delayed, counted.
+    # Quotas (enforcement: docs/decisions.md). Rates are per second; breaches are refused (429)
+    # or delayed, counted.
     max_active_schedules = models.PositiveIntegerField(default=10_000)
     trigger_rate_per_s = models.PositiveIntegerField(default=1_000)
     max_running = models.PositiveIntegerField(default=100)

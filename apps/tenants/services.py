@@ -210,7 +210,7 @@ def idempotency_purge(*, now: datetime, limit: int = 10_000) -> int:
 
 
 # --------------------------------------------------------------------------------------------
-# Web UI (issue 7): tenant-scoped key revocation
+# Web UI (docs/ui.md): tenant-scoped key revocation
 # --------------------------------------------------------------------------------------------
 
 

@@ -1,4 +1,5 @@
-"""Crash points of materialization and dispatch with real processes (SPEC §12).
+"""Crash points of materialization and dispatch with real processes
+(docs/architecture.md "Crash points").
 
 Nothing silently missed; duplicates carry the same occurrence id.
 """

@@ -1,4 +1,4 @@
-"""Metrics move with the system (issue 8): a burst moves the lag histogram and the backlog
+"""Metrics move with the system: a burst moves the lag histogram and the backlog
 gauges, a fenced-off completion is counted, the stuck-state scan sees what is stuck."""
 
 from __future__ import annotations
