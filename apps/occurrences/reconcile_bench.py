@@ -58,7 +58,9 @@ def _rule(n: int) -> tuple[str, str]:
 
 def _write(tenant_id: uuid.UUID, count: int) -> int:
     valid_from = DAY - timedelta(days=1)
-    next_run_at = DAY + timedelta(days=2)
+    # The materializer's frontier lies past the audited day and in the future: these
+    # schedules are up to date (the audit's stalled-materializer class judges `now`).
+    next_run_at = max(DAY + timedelta(days=2), datetime.now(UTC) + timedelta(days=1))
     lo, hi = DAY, DAY + timedelta(days=1)
     occurrences = 0
     chunk = 20_000

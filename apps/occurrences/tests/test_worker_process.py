@@ -236,7 +236,8 @@ def test_worker_stopped_past_its_lease_cannot_overwrite_the_newer_result(
         os.kill(pid, signal.SIGCONT)
 
     # then: the resumed worker's completion is stale and ignored
-    _wait(lambda: "'status': 'stale'" in stack.log("worker"), 15, "the stale completion", stack)
+    stale = f"occurrence {occ.id} attempt 1: stale"
+    _wait(lambda: stale in stack.log("worker"), 15, "the stale completion", stack)
     occ.refresh_from_db()
     assert (occ.state, occ.attempt_count) == ("SUCCEEDED", 2)
     assert _outcomes(occ) == ["LEASE_EXPIRED", "SUCCEEDED"]
