@@ -42,6 +42,7 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy .
+	$(BIN)/lint-imports
 	$(BIN)/python manage.py makemigrations --check --dry-run
 	$(BIN)/python manage.py check --fail-level WARNING
 	$(BIN)/python manage.py spectacular --validate --fail-on-warn --file /dev/null

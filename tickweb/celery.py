@@ -13,6 +13,19 @@ app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 
 
+@app.on_after_configure.connect
+def _declare_queues(sender: Celery, **_: object) -> None:
+    """Workers consume every lane x tenant-partition queue (apps/occurrences/queues.py).
+    Built here, once settings are loaded, so that settings.py imports no app module."""
+    from django.conf import settings
+
+    from apps.occurrences.queues import celery_queues
+
+    sender.conf.task_queues = celery_queues(
+        settings.TICK_QUEUE_PREFIX, settings.TICK_TENANT_PARTITIONS
+    )
+
+
 # --- observability ----------------------------------------------------------------------
 # Prefork workers observe metrics in child processes. With PROMETHEUS_MULTIPROC_DIR set
 # (before the worker starts), each child writes its samples to that directory and the parent

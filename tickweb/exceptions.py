@@ -21,7 +21,8 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from apps.schedules.errors import LifecycleError, QuotaExceeded, RuleTooFrequent
+from apps.schedules.errors import QuotaExceeded, RuleTooFrequent
+from apps.tenants.errors import RefusedRequest
 
 quota_breaches = Counter(
     "tick_quota_breaches_total", "Requests refused by a tenant quota.", ["quota"]
@@ -57,7 +58,7 @@ def _flatten(detail: Any, prefix: str = "") -> dict[str, list[str]]:
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
-    if isinstance(exc, LifecycleError):
+    if isinstance(exc, RefusedRequest):
         if isinstance(exc, QuotaExceeded | RuleTooFrequent):
             quota_breaches.labels(quota=exc.code).inc()
         fields = {exc.field: [exc.message]} if exc.field else {}

@@ -242,10 +242,8 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
 }
 
-# Celery workers consume every Tick queue; the relay publishes to them directly.
-from apps.occurrences.queues import celery_queues  # noqa: E402
-
-CELERY_TASK_QUEUES = celery_queues(TICK_QUEUE_PREFIX, TICK_TENANT_PARTITIONS)
+# Celery workers consume every Tick queue (declared in tickweb/celery.py, so settings import
+# no app module); the relay publishes to them directly.
 CELERY_TASK_DEFAULT_QUEUE = f"{TICK_QUEUE_PREFIX}.strict.p0"
 
 # --- web UI -----------------------------------------------------------------------------

@@ -3,24 +3,19 @@ them in the one API error shape, so services never import DRF."""
 
 from __future__ import annotations
 
+from apps.tenants.errors import IdempotencyConflict, RefusedRequest
 
-class LifecycleError(Exception):
-    """A refused request that changed nothing. `status`/`code` are the API rendering."""
+__all__ = [
+    "IdempotencyConflict",
+    "LifecycleError",
+    "QuotaExceeded",
+    "RuleTooFrequent",
+    "StateConflict",
+]
 
-    status = 400
-    code = "invalid"
 
-    def __init__(
-        self,
-        message: str,
-        *,
-        field: str | None = None,
-        retry_after_s: int | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.message = message
-        self.field = field
-        self.retry_after_s = retry_after_s
+class LifecycleError(RefusedRequest):
+    """A refused schedule change that changed nothing."""
 
 
 class StateConflict(LifecycleError):
@@ -43,10 +38,3 @@ class RuleTooFrequent(LifecycleError):
 
     status = 400
     code = "rule_too_frequent"
-
-
-class IdempotencyConflict(LifecycleError):
-    """The Idempotency-Key was first used with another request body."""
-
-    status = 409
-    code = "idempotency_key_reused"

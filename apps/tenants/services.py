@@ -18,7 +18,7 @@ from django.core.exceptions import ValidationError
 from django.db import connection, transaction
 from django.utils import timezone
 
-from apps.schedules.errors import IdempotencyConflict
+from apps.tenants.errors import IdempotencyConflict
 from apps.tenants.models import ApiKey, IdempotencyKey, Membership, Tenant
 
 KEY_PREFIX = "tick_"

@@ -1,0 +1,30 @@
+"""Refusals raised by domain services. `tickweb.exceptions` renders them in the one API error
+shape, so services never import DRF. Every app's refusals derive from `RefusedRequest`."""
+
+from __future__ import annotations
+
+
+class RefusedRequest(Exception):
+    """A refused request that changed nothing. `status`/`code` are the API rendering."""
+
+    status = 400
+    code = "invalid"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        field: str | None = None,
+        retry_after_s: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+        self.retry_after_s = retry_after_s
+
+
+class IdempotencyConflict(RefusedRequest):
+    """The Idempotency-Key was first used with another request body."""
+
+    status = 409
+    code = "idempotency_key_reused"
