@@ -543,6 +543,9 @@ def check_env_value(name: str, value: str) -> None:
 def write_env_file(path: Path, values: dict[str, str]) -> None:
     for name, value in values.items():
         check_env_value(name, value)
+    # The file is replaced atomically (rename): a device such as /dev/null would be replaced.
+    if path.exists() and not path.is_file():
+        fail(f"--env-file {path} exists and is not a regular file", code=2)
     path.parent.mkdir(parents=True, exist_ok=True)
     # A broker node list's `;` would end the assignment where a shell sources the file.
     content = "".join(
