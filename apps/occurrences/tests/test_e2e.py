@@ -13,27 +13,17 @@ import sys
 import time
 from datetime import timedelta
 from pathlib import Path
-from urllib.parse import quote
 
 import pytest
 from django.db import connection
 from django.utils import timezone
 
 from apps.occurrences.models import Attempt, HandlerEffect, Occurrence
+from apps.occurrences.tests.process_stack import database_url
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 ROOT = Path(__file__).resolve().parents[3]
-
-
-def _database_url() -> str:
-    s = connection.settings_dict
-    auth = quote(s["USER"] or "", safe="")
-    if s["PASSWORD"]:
-        auth += ":" + quote(s["PASSWORD"], safe="")
-    host = quote(s["HOST"] or "", safe="")
-    port = f":{s['PORT']}" if s["PORT"] else ""
-    return f"postgres://{auth}@{host}{port}/{s['NAME']}"
 
 
 @pytest.fixture
@@ -41,7 +31,7 @@ def stack(queue_prefix, tmp_path):
     """materialize, relay and a Celery worker as real processes; stopped with SIGTERM."""
     env = {
         **os.environ,
-        "DATABASE_URL": _database_url(),
+        "DATABASE_URL": database_url(connection.settings_dict),
         "TICK_QUEUE_PREFIX": queue_prefix,
         "DJANGO_DEBUG": "1",
         "PYTHONUNBUFFERED": "1",
