@@ -5,7 +5,7 @@ Outages (outages.py) never end the loop: a database or broker error anywhere in 
 iteration — the lease refresh included — marks the process unready, is logged once, and the
 iteration is retried with capped backoff. Leases that expired meanwhile are simply taken
 again (a new fencing generation), so a process that was cut off can never act on a lease it
-lost. Only a signal or a persistent configuration error (e.g. a missing table) ends it.
+lost. Only a signal or a persistent configuration error (bad settings) ends it.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from collections.abc import Callable
 from types import FrameType
 
 from django.core.exceptions import ImproperlyConfigured
-from django.db import ProgrammingError
 
 from apps.occurrences import metrics
 from apps.occurrences.health import ProcessHealth, serve_process
@@ -59,8 +58,9 @@ def process_owner(role: str) -> str:
     return f"{role}@{socket.gethostname()}:{os.getpid()}"
 
 
-# Failures no retry can fix (settings, a schema the code does not match): the process exits.
-PERSISTENT_ERRORS: tuple[type[BaseException], ...] = (ImproperlyConfigured, ProgrammingError)
+# Failures no retry can fix (settings): the process exits. A ProgrammingError is not among
+# them: concurrent partition creation raises one ("already exists") that the next try passes.
+PERSISTENT_ERRORS: tuple[type[BaseException], ...] = (ImproperlyConfigured,)
 
 
 def run_loop(

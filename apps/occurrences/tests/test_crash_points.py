@@ -29,7 +29,7 @@ from apps.occurrences.models import DispatchOutbox, Occurrence, ShardLease
 from apps.occurrences.queues import all_queue_names
 from apps.occurrences.relay import Recorder, relay_step
 from apps.occurrences.tests.helpers import leases, materialize_config, relay_config
-from apps.occurrences.tests.test_e2e import _database_url
+from apps.occurrences.tests.process_stack import database_url
 from apps.schedules.models import Schedule
 from apps.schedules.tests.factories import make_schedule
 from tickweb.celery import app as celery_app
@@ -44,7 +44,7 @@ def _start(kind: str, queue_prefix: str, tmp_path: Path, **env: str) -> subproce
         cwd=ROOT,
         env={
             **os.environ,
-            "DATABASE_URL": _database_url(),
+            "DATABASE_URL": database_url(connection.settings_dict),
             "TICK_QUEUE_PREFIX": queue_prefix,
             "DJANGO_DEBUG": "1",
             **env,

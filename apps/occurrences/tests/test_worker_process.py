@@ -16,7 +16,6 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import amqp
 import pytest
@@ -35,20 +34,12 @@ from apps.occurrences.queues import (
     tenant_partition,
 )
 from apps.occurrences.tests.exec_helpers import occurrence, schedule, state_of
+from apps.occurrences.tests.process_stack import database_url
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 ROOT = Path(__file__).resolve().parents[3]
 LEASE_S = 2
-
-
-def _database_url() -> str:
-    s = connection.settings_dict
-    auth = quote(s["USER"] or "", safe="")
-    if s["PASSWORD"]:
-        auth += ":" + quote(s["PASSWORD"], safe="")
-    port = f":{s['PORT']}" if s["PORT"] else ""
-    return f"postgres://{auth}@{quote(s['HOST'] or '', safe='')}{port}/{s['NAME']}"
 
 
 class Stack:
@@ -59,7 +50,7 @@ class Stack:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.env = {
             **os.environ,
-            "DATABASE_URL": _database_url(),
+            "DATABASE_URL": database_url(connection.settings_dict),
             "TICK_QUEUE_PREFIX": prefix,
             "TICK_ATTEMPT_LEASE_S": str(LEASE_S),
             "TICK_LEASE_TTL_S": "3",
