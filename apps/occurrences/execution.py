@@ -740,6 +740,7 @@ def occurrence_execute(
             occurrence_id=occurrence_id, scheduled_for=scheduled_for, worker_id=worker_id
         ),
         who=f"claim {occurrence_id}",
+        role="worker",
         give_up_after_s=settings.TICK_WORKER_OUTAGE_RETRY_S,
     )
     if claim.status != ClaimStatus.CLAIMED or claim.context is None:
@@ -769,6 +770,7 @@ def occurrence_execute(
         state = call_through_outages(
             lambda: attempt_complete(claim=claim, error=error),
             who=f"completion of {occurrence_id}",
+            role="worker",
             give_up_after_s=settings.TICK_WORKER_OUTAGE_RETRY_S,
         )
     except Exception as exc:

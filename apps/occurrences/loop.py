@@ -137,25 +137,3 @@ def run_loop(
                 leases.release()
             except Exception:  # noqa: BLE001 - best effort at shutdown; leases expire anyway
                 log.warning("could not release leases of %s", owner)
-
-
-def run_leased_loop(
-    *,
-    leases: LeaseSet,
-    unit: Callable[[], int],
-    idle_sleep_s: float,
-    once: bool = False,
-    metrics_port: int | None = None,
-    before_release: Callable[[], None] | None = None,
-) -> None:
-    """`run_loop` for a process that works on the shards its leases hold."""
-    run_loop(
-        role=leases.role,
-        owner=leases.owner,
-        unit=unit,
-        idle_sleep_s=idle_sleep_s,
-        once=once,
-        metrics_port=metrics_port,
-        leases=leases,
-        before_release=before_release,
-    )

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import random
-import threading
 import time
 from collections.abc import Callable
 from enum import StrEnum
@@ -20,6 +19,8 @@ from typing import TypeVar
 import amqp.exceptions
 import kombu.exceptions
 from django import db
+
+from apps.occurrences import metrics
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +60,8 @@ def drop_database_connection() -> None:
 
 
 class Backoff:
-    """Capped exponential backoff with full jitter (many processes must not retry in step)."""
+    """Capped exponential backoff, each delay drawn from the upper half of its ceiling
+    (jitter: many processes must not retry in step)."""
 
     def __init__(self, *, base_s: float = 0.25, cap_s: float = 2.0) -> None:
         self.base_s = base_s
@@ -99,20 +101,13 @@ class OutageTracker:
         self.since.clear()
 
 
-def call_through_outages(
-    fn: Callable[[], T],
-    *,
-    who: str,
-    give_up_after_s: float,
-    stop: threading.Event | None = None,
-    backoff: Backoff | None = None,
-) -> T:
+def call_through_outages(fn: Callable[[], T], *, who: str, role: str, give_up_after_s: float) -> T:
     """Call `fn` until it succeeds, retrying database and broker outages with backoff.
 
     Other errors propagate at once. After `give_up_after_s` of outage the last outage error
     propagates too, so the caller can hand the work back (e.g. requeue a message).
     """
-    backoff = backoff or Backoff()
+    backoff = Backoff()
     tracker = OutageTracker(who)
     started = time.monotonic()
     while True:
@@ -123,16 +118,13 @@ def call_through_outages(
             if dependency is None:
                 raise
             tracker.failed(dependency, exc)
+            metrics.outage_retries.labels(role=role, dependency=dependency).inc()
             if dependency is Dependency.DATABASE:
                 drop_database_connection()
             delay = backoff.next_delay()
             if time.monotonic() - started + delay > give_up_after_s:
                 raise
-            if stop is not None:
-                if stop.wait(delay):
-                    raise
-            else:
-                time.sleep(delay)
+            time.sleep(delay)
             continue
         tracker.recovered()
         return result

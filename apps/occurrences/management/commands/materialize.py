@@ -8,7 +8,7 @@ from django.core.management.base import BaseCommand, CommandParser
 from django.utils import timezone
 
 from apps.occurrences.leases import LeaseSet
-from apps.occurrences.loop import process_owner, run_leased_loop
+from apps.occurrences.loop import process_owner, run_loop
 from apps.occurrences.materializer import MaterializeConfig, materialize_pass
 from apps.occurrences.models import ShardLease
 
@@ -48,7 +48,9 @@ class Command(BaseCommand):
             return result.schedules
 
         log.info("materializer %s starting", leases.owner)
-        run_leased_loop(
+        run_loop(
+            role=leases.role,
+            owner=leases.owner,
             leases=leases,
             unit=unit,
             idle_sleep_s=options["idle_sleep"],

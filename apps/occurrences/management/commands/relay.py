@@ -8,7 +8,7 @@ from django.core.management.base import BaseCommand, CommandParser
 
 from apps.occurrences.broker import Publisher
 from apps.occurrences.leases import LeaseSet
-from apps.occurrences.loop import process_owner, run_leased_loop
+from apps.occurrences.loop import process_owner, run_loop
 from apps.occurrences.models import ShardLease
 from apps.occurrences.relay import Recorder, RelayConfig, relay_step
 from apps.occurrences.throttle import TenantThrottle
@@ -70,7 +70,9 @@ class Command(BaseCommand):
 
         log.info("relay %s starting", leases.owner)
         try:
-            run_leased_loop(
+            run_loop(
+                role=leases.role,
+                owner=leases.owner,
                 leases=leases,
                 unit=unit,
                 idle_sleep_s=options["idle_sleep"],
