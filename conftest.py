@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from rest_framework.test import APIClient
 
-from apps.occurrences import partitions
+from apps.occurrences.pipeline import partitions
 from apps.tenants.models import Membership, Tenant
 from apps.tenants.services import api_key_create, membership_grant, tenant_create
 
@@ -74,7 +74,7 @@ def api_b(tenant_b: Tenant) -> APIClient:
 @pytest.fixture
 def queue_prefix(settings: Any) -> Iterator[str]:
     """A private RabbitMQ topology per test, so a running `make run` stack never sees it."""
-    from apps.occurrences.broker import Publisher
+    from apps.occurrences.pipeline.broker import Publisher
 
     prefix = f"tick-test-{uuid.uuid4().hex[:10]}"
     settings.TICK_QUEUE_PREFIX = prefix
@@ -92,7 +92,7 @@ def publisher(queue_prefix: str) -> Iterator[Any]:
     """A connected relay publisher on the test's private topology."""
     from django.conf import settings
 
-    from apps.occurrences.broker import Publisher
+    from apps.occurrences.pipeline.broker import Publisher
     from tickweb.celery import app as celery_app
 
     pub = Publisher(

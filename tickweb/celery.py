@@ -1,4 +1,4 @@
-"""The Celery application: workers run occurrences' handlers (apps/occurrences/tasks.py)."""
+"""The Celery application: workers run occurrences' handlers (apps/occurrences/execution/)."""
 
 from __future__ import annotations
 
@@ -10,16 +10,16 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tickweb.settings")
 
 app = Celery("tickweb")
 app.config_from_object("django.conf:settings", namespace="CELERY")
-app.autodiscover_tasks()
+app.autodiscover_tasks(["apps.occurrences.execution"])
 
 
 @app.on_after_configure.connect
 def _declare_queues(sender: Celery, **_: object) -> None:
-    """Workers consume every lane x tenant-partition queue (apps/occurrences/queues.py).
+    """Workers consume every lane x tenant-partition queue (apps/occurrences/pipeline/queues.py).
     Built here, once settings are loaded, so that settings.py imports no app module."""
     from django.conf import settings
 
-    from apps.occurrences.queues import celery_queues
+    from apps.occurrences.pipeline.queues import celery_queues
 
     sender.conf.task_queues = celery_queues(
         settings.TICK_QUEUE_PREFIX, settings.TICK_TENANT_PARTITIONS
@@ -71,7 +71,7 @@ def _serve_worker_metrics(sender: object = None, **_: object) -> None:
         return
     from prometheus_client import REGISTRY, CollectorRegistry, multiprocess
 
-    from apps.occurrences.health import ProcessHealth, serve_process
+    from apps.occurrences.observability.health import ProcessHealth, serve_process
 
     registry = REGISTRY
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):

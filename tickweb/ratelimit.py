@@ -19,7 +19,7 @@ from prometheus_client import Counter
 from rest_framework.request import Request
 from rest_framework.throttling import BaseThrottle
 
-from apps.occurrences.metrics import TenantLabels
+from apps.occurrences.observability.metrics import TenantLabels
 from apps.tenants.authentication import TenantPrincipal
 from apps.tenants.services import api_key_rate_hit
 

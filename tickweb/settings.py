@@ -229,8 +229,8 @@ CELERY_RESULT_ACCEPT_CONTENT = ["json"]
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # Tick sends no ETA tasks: without Celery's delayed-delivery step a worker consumes at once
-# after failing over to another node (apps/occurrences/worker_consumer.py).
-CELERY_WORKER_CONSUMER = "apps.occurrences.worker_consumer:TickConsumer"
+# after failing over to another node (apps/occurrences/execution/worker_consumer.py).
+CELERY_WORKER_CONSUMER = "apps.occurrences.execution.worker_consumer:TickConsumer"
 # A worker whose broker is down reconnects until it is back (never gives up and exits).
 CELERY_BROKER_CONNECTION_MAX_RETRIES = None
 
@@ -264,13 +264,13 @@ TICK_METRICS_TOP_TENANTS = env_int("TICK_METRICS_TOP_TENANTS", 10)
 # about a batch); key=value text by default, one JSON object per line with LOG_FORMAT=json.
 LOGGING = {
     **LOGGING,
-    "filters": {"tick_ids": {"()": "apps.occurrences.logs.IdsFilter"}},
+    "filters": {"tick_ids": {"()": "apps.occurrences.observability.logs.IdsFilter"}},
     "formatters": {
         "kv": {
             "format": "%(asctime)s %(levelname)s %(name)s tenant=%(tenant_id)s "
             "schedule=%(schedule_id)s occurrence=%(occurrence_id)s %(message)s"
         },
-        "json": {"()": "apps.occurrences.logs.JsonFormatter"},
+        "json": {"()": "apps.occurrences.observability.logs.JsonFormatter"},
     },
     "handlers": {
         "console": {

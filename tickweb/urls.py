@@ -2,16 +2,16 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from apps.occurrences import health
 from apps.occurrences.admin import admin_urlpatterns as occurrence_admin_urls
+from apps.occurrences.observability import health
 
 urlpatterns = [
     # Support staff's occurrence browser (composite keys: no ModelAdmin), before the admin.
     path("admin/", include(occurrence_admin_urls)),
     path("admin/", admin.site.urls),
-    # Prometheus exposition at /metrics (Tick's own metrics: apps/occurrences/metrics.py).
+    # Prometheus exposition at /metrics (apps/occurrences/observability/metrics.py).
     path("", include("django_prometheus.urls")),
-    # Liveness and readiness of the web process (apps/occurrences/health.py).
+    # Liveness and readiness of the web process (apps/occurrences/observability/health.py).
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),

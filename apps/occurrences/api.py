@@ -16,7 +16,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from apps.occurrences.execution import CancelOutcome, occurrence_cancel, occurrences_replay
+from apps.occurrences.execution.attempts import CancelOutcome, occurrence_cancel, occurrences_replay
 from apps.occurrences.models import Occurrence
 from apps.occurrences.selectors import access_occurrence, occurrences_for
 from apps.occurrences.serializers import OccurrenceDetailSerializer, OccurrenceSerializer

@@ -8,4 +8,4 @@ class OccurrencesConfig(AppConfig):
 
     def ready(self) -> None:
         # Register Tick's metrics in every process, so /metrics shows them from the start.
-        from apps.occurrences import metrics  # noqa: F401
+        from apps.occurrences.observability import metrics  # noqa: F401

@@ -16,9 +16,9 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from django.views.decorators.http import require_POST
 
-from apps.occurrences import dashboard as dash
-from apps.occurrences.execution import ReplayResult, occurrences_replay
+from apps.occurrences.execution.attempts import ReplayResult, occurrences_replay
 from apps.occurrences.models import Attempt, Occurrence
+from apps.occurrences.observability import dashboard as dash
 from apps.occurrences.selectors import access_occurrence, attempts_of, occurrences_for
 from apps.schedules.models import Schedule
 from apps.schedules.views import decode_cursor, encode_cursor

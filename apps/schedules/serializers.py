@@ -11,8 +11,8 @@ from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from apps.occurrences.handlers import handler_names
-from apps.occurrences.webhook import WebhookPayloadError, validate_webhook_payload
+from apps.occurrences.execution.handlers import handler_names
+from apps.occurrences.execution.webhook import WebhookPayloadError, validate_webhook_payload
 from apps.schedules import timerules
 from apps.schedules.models import Schedule
 from apps.schedules.services import ScheduleSpec

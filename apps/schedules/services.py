@@ -32,7 +32,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from apps.occurrences.leases import relay_shard_barrier
+from apps.occurrences.pipeline.leases import relay_shard_barrier
 from apps.schedules import timerules
 from apps.schedules.errors import QuotaExceeded, RuleTooFrequent, StateConflict
 from apps.schedules.models import Schedule, ScheduleEvent, ScheduleVersion, shard_for

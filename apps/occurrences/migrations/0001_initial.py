@@ -106,7 +106,7 @@ class Migration(migrations.Migration):
         ),
         # Occurrence and Attempt are range-partitioned by day on scheduled_for: Django's
         # CreateModel cannot say PARTITION BY, so the state comes from the models and the
-        # tables from SQL (partitions: apps/occurrences/partitions.py).
+        # tables from SQL (partitions: apps/occurrences/pipeline/partitions.py).
         migrations.SeparateDatabaseAndState(
             state_operations=[
                 migrations.CreateModel(

@@ -8,7 +8,7 @@ from typing import Any
 from django.utils import timezone
 
 from apps.occurrences.models import Lane, Occurrence, occurrence_id_for
-from apps.occurrences.partitions import partitions_ensure
+from apps.occurrences.pipeline.partitions import partitions_ensure
 from apps.schedules.models import Schedule
 from apps.schedules.tests.factories import make_schedule
 from apps.tenants.models import Tenant

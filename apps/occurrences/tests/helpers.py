@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from django.conf import settings
 
-from apps.occurrences.leases import LeaseSet
-from apps.occurrences.materializer import MaterializeConfig
 from apps.occurrences.models import ShardLease
-from apps.occurrences.relay import RelayConfig
+from apps.occurrences.pipeline.leases import LeaseSet
+from apps.occurrences.pipeline.materializer import MaterializeConfig
+from apps.occurrences.pipeline.relay import RelayConfig
 
 
 def leases(role: str = ShardLease.Role.MATERIALIZER, owner: str = "test-owner") -> LeaseSet:

@@ -25,10 +25,10 @@ from django.db import connection
 from django.db.models import Max, Min
 from django.utils import timezone
 
-from apps.occurrences.broker import OutgoingMessage, Publisher
+from apps.occurrences.audit.stuck import queue_depths
 from apps.occurrences.models import Attempt, HandlerEffect, Occurrence
-from apps.occurrences.queues import TASK_NAME, queue_name, tenant_partition
-from apps.occurrences.stuck import queue_depths
+from apps.occurrences.pipeline.broker import OutgoingMessage, Publisher
+from apps.occurrences.pipeline.queues import TASK_NAME, queue_name, tenant_partition
 from apps.occurrences.tests.private_rabbitmq import (  # noqa: F401 - fixtures
     PrivateRabbitMQ,
     free_port,

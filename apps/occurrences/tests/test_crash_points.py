@@ -23,11 +23,11 @@ from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
-from apps.occurrences.broker import Publisher
-from apps.occurrences.materializer import flexible_offset_s, materialize_pass
 from apps.occurrences.models import DispatchOutbox, Occurrence, ShardLease
-from apps.occurrences.queues import all_queue_names
-from apps.occurrences.relay import Recorder, relay_step
+from apps.occurrences.pipeline.broker import Publisher
+from apps.occurrences.pipeline.materializer import flexible_offset_s, materialize_pass
+from apps.occurrences.pipeline.queues import all_queue_names
+from apps.occurrences.pipeline.relay import Recorder, relay_step
 from apps.occurrences.tests.helpers import leases, materialize_config, relay_config
 from apps.occurrences.tests.process_stack import database_url
 from apps.schedules.models import Schedule
@@ -238,7 +238,7 @@ def test_flexible_jitter_is_identical_in_another_process():
     ids = [uuid.uuid5(uuid.NAMESPACE_URL, f"tick-{n}") for n in range(50)]
     code = (
         "import sys, uuid, django; django.setup(); "
-        "from apps.occurrences.materializer import flexible_offset_s; "
+        "from apps.occurrences.pipeline.materializer import flexible_offset_s; "
         "print([flexible_offset_s(uuid.UUID(a), 300) for a in sys.argv[1:]])"
     )
     out = subprocess.run(

@@ -10,7 +10,7 @@ from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
-from apps.occurrences.execution import (
+from apps.occurrences.execution.attempts import (
     ClaimStatus,
     attempt_complete,
     attempt_heartbeat,
@@ -19,8 +19,8 @@ from apps.occurrences.execution import (
     occurrence_execute,
     retry_delay,
 )
-from apps.occurrences.materializer import materialize_pass
 from apps.occurrences.models import Attempt, DispatchOutbox, HandlerEffect, Lane, Occurrence
+from apps.occurrences.pipeline.materializer import materialize_pass
 from apps.occurrences.tests.helpers import leases, materialize_config
 from apps.schedules.models import Schedule
 from apps.schedules.tests.factories import make_schedule

@@ -11,7 +11,7 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from apps.occurrences.execution import (
+from apps.occurrences.execution.attempts import (
     CancelOutcome,
     Claim,
     ClaimStatus,
@@ -23,7 +23,7 @@ from apps.occurrences.execution import (
     occurrence_execute,
     occurrences_replay,
 )
-from apps.occurrences.handlers import TransientError
+from apps.occurrences.execution.handlers import TransientError
 from apps.occurrences.models import Attempt, DispatchOutbox, Lane, Occurrence, RetryBudget
 from apps.occurrences.tests.exec_helpers import occurrence, schedule, state_of
 from apps.schedules.models import Schedule

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from apps.occurrences.health import ProcessHealth, serve_process
+from apps.occurrences.observability.health import ProcessHealth, serve_process
 
 
 @pytest.mark.django_db

@@ -16,7 +16,7 @@ from django.db import connection
 from django.utils import timezone
 
 from apps.occurrences.models import HandlerEffect, Occurrence
-from apps.occurrences.queues import all_queue_names
+from apps.occurrences.pipeline.queues import all_queue_names
 from apps.occurrences.tests.process_stack import ProcessStack, database_url, stack_env
 from apps.schedules.models import Schedule
 from apps.schedules.tests.factories import make_schedule

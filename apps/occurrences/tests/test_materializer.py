@@ -6,8 +6,8 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from apps.occurrences.materializer import flexible_offset_s, materialize_pass
 from apps.occurrences.models import DispatchOutbox, Lane, Occurrence, occurrence_id_for
+from apps.occurrences.pipeline.materializer import flexible_offset_s, materialize_pass
 from apps.occurrences.tests.helpers import leases, materialize_config
 from apps.schedules.models import Schedule, ScheduleEvent
 from apps.schedules.tests.factories import make_schedule

@@ -12,14 +12,14 @@ from django.db import connection
 from django.utils import timezone
 from prometheus_client import REGISTRY
 
-from apps.occurrences.broker import Publisher
-from apps.occurrences.execution import attempt_complete, attempts_reap, occurrence_claim
-from apps.occurrences.leases import LeaseSet
-from apps.occurrences.materializer import materialize_pass
-from apps.occurrences.metrics import measure_clock_skew
+from apps.occurrences.audit.stuck import bounded_tenant_counts, stuck_scan
+from apps.occurrences.execution.attempts import attempt_complete, attempts_reap, occurrence_claim
 from apps.occurrences.models import DispatchOutbox, Occurrence, ShardLease
-from apps.occurrences.relay import relay_step
-from apps.occurrences.stuck import bounded_tenant_counts, stuck_scan
+from apps.occurrences.observability.metrics import measure_clock_skew
+from apps.occurrences.pipeline.broker import Publisher
+from apps.occurrences.pipeline.leases import LeaseSet
+from apps.occurrences.pipeline.materializer import materialize_pass
+from apps.occurrences.pipeline.relay import relay_step
 from apps.occurrences.tests.helpers import leases, materialize_config, relay_config
 from apps.schedules.models import Schedule
 from apps.schedules.tests.factories import make_schedule
@@ -185,7 +185,7 @@ def test_clock_skew_against_the_database_is_measured() -> None:
 
 
 def test_hot_path_tenant_labels_stop_growing_at_the_limit() -> None:
-    from apps.occurrences.metrics import TenantLabels
+    from apps.occurrences.observability.metrics import TenantLabels
 
     label = TenantLabels(2)
 

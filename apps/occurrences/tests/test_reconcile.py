@@ -15,15 +15,15 @@ from django.conf import settings
 from django.core.management import call_command
 from django.db import connection
 
-from apps.occurrences.materializer import materialize_pass
-from apps.occurrences.models import Attempt, DispatchOutbox, Lane, Occurrence, occurrence_id_for
-from apps.occurrences.reconcile import (
+from apps.occurrences.audit.reconcile import (
     FAILING,
     ReconcileReport,
     StuckBounds,
     expected_cron_instants,
     reconcile,
 )
+from apps.occurrences.models import Attempt, DispatchOutbox, Lane, Occurrence, occurrence_id_for
+from apps.occurrences.pipeline.materializer import materialize_pass
 from apps.occurrences.tests.helpers import leases, materialize_config
 from apps.schedules import timerules
 from apps.schedules.models import Schedule
@@ -238,7 +238,7 @@ def test_command_exits_non_zero_and_prints_json_on_a_gap(tenant_a: Tenant, capsy
 
 
 def test_recomputed_ids_equal_the_contracts_uuid5() -> None:
-    from apps.occurrences.reconcile import expected_id_bytes
+    from apps.occurrences.audit.reconcile import expected_id_bytes
 
     sid = uuid.uuid4()
     for at in (T0, T0 + timedelta(microseconds=7), END):
@@ -491,7 +491,7 @@ def test_stuck_work_is_scoped_to_the_window_and_the_tenant(
 
 
 def test_unmaterialized_count_probes_the_due_index(tenant_a: Tenant) -> None:
-    from apps.occurrences.reconcile import _LATE_COUNT_SQL
+    from apps.occurrences.audit.reconcile import _LATE_COUNT_SQL
 
     _world(tenant_a)
     params: dict[str, Any] = {

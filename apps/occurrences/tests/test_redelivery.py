@@ -12,12 +12,12 @@ import pytest
 from django.utils import timezone
 from prometheus_client import REGISTRY
 
-from apps.occurrences.execution import occurrence_execute
-from apps.occurrences.materializer import materialize_pass
+from apps.occurrences.execution.attempts import occurrence_execute
 from apps.occurrences.models import Attempt, DispatchOutbox, Lane, Occurrence, ShardLease
-from apps.occurrences.queues import queue_name, tenant_partition
-from apps.occurrences.redelivery import occurrences_redeliver
-from apps.occurrences.relay import relay_step
+from apps.occurrences.pipeline.materializer import materialize_pass
+from apps.occurrences.pipeline.queues import queue_name, tenant_partition
+from apps.occurrences.pipeline.redelivery import occurrences_redeliver
+from apps.occurrences.pipeline.relay import relay_step
 from apps.occurrences.tests.exec_helpers import occurrence, schedule
 from apps.occurrences.tests.helpers import leases, materialize_config, relay_config
 from apps.schedules.models import Schedule

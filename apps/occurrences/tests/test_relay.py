@@ -10,10 +10,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.utils import timezone
 
-from apps.occurrences.materializer import materialize_pass
 from apps.occurrences.models import DispatchOutbox, Occurrence, ShardLease
-from apps.occurrences.queues import queue_name, tenant_partition
-from apps.occurrences.relay import OutboxRow, Recorder, build_messages, relay_step
+from apps.occurrences.pipeline.materializer import materialize_pass
+from apps.occurrences.pipeline.queues import queue_name, tenant_partition
+from apps.occurrences.pipeline.relay import OutboxRow, Recorder, build_messages, relay_step
 from apps.occurrences.tests.helpers import leases, materialize_config, relay_config
 from apps.schedules.models import Schedule
 from apps.schedules.tests.factories import make_schedule

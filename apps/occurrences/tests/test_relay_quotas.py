@@ -9,11 +9,11 @@ from itertools import pairwise
 import pytest
 from django.utils import timezone
 
-from apps.occurrences.materializer import materialize_pass
 from apps.occurrences.models import DispatchOutbox, Lane, Occurrence, ShardLease
-from apps.occurrences.relay import relay_step
+from apps.occurrences.pipeline.materializer import materialize_pass
+from apps.occurrences.pipeline.relay import relay_step
+from apps.occurrences.pipeline.throttle import TenantThrottle, _Bucket
 from apps.occurrences.tests.helpers import leases, materialize_config, relay_config
-from apps.occurrences.throttle import TenantThrottle, _Bucket
 from apps.schedules.models import Schedule
 from apps.schedules.tests.factories import make_schedule
 from apps.tenants.models import Tenant

@@ -9,8 +9,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from apps.occurrences import dashboard as dash
 from apps.occurrences.models import Attempt, DispatchOutbox, Occurrence
+from apps.occurrences.observability import dashboard as dash
 from apps.occurrences.tests.exec_helpers import occurrence, schedule, state_of
 
 pytestmark = pytest.mark.django_db

@@ -15,11 +15,20 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from apps.occurrences.execution import occurrence_execute
-from apps.occurrences.handlers import HandlerContext, PermanentError, TransientError, get_handler
-from apps.occurrences.ssrf import Allowlist, SSRFRefused, address_refusal, check_url
+from apps.occurrences.execution.attempts import occurrence_execute
+from apps.occurrences.execution.handlers import (
+    HandlerContext,
+    PermanentError,
+    TransientError,
+    get_handler,
+)
+from apps.occurrences.execution.ssrf import Allowlist, SSRFRefused, address_refusal, check_url
+from apps.occurrences.execution.webhook import (
+    WebhookPayloadError,
+    validate_webhook_payload,
+    webhook_send,
+)
 from apps.occurrences.tests.exec_helpers import occurrence, schedule
-from apps.occurrences.webhook import WebhookPayloadError, validate_webhook_payload, webhook_send
 
 
 class _Recorder(BaseHTTPRequestHandler):
@@ -196,7 +205,7 @@ def test_name_resolving_to_any_private_address_is_refused(monkeypatch, settings)
     def fake_getaddrinfo(host, port, *args, **kwargs):
         return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", a) for a in answers]
 
-    monkeypatch.setattr("apps.occurrences.ssrf.socket.getaddrinfo", fake_getaddrinfo)
+    monkeypatch.setattr("apps.occurrences.execution.ssrf.socket.getaddrinfo", fake_getaddrinfo)
 
     with pytest.raises(PermanentError, match="10.1.2.3"):
         webhook_send(ctx=_ctx({"url": "http://rebind.example/"}))

@@ -25,7 +25,7 @@ from django.utils import timezone
 from kombu.serialization import dumps
 
 from apps.occurrences.models import Attempt, HandlerEffect, Occurrence
-from apps.occurrences.queues import (
+from apps.occurrences.pipeline.queues import (
     LANES,
     QUEUE_ARGUMENTS,
     TASK_NAME,

@@ -13,9 +13,9 @@ from django.db import connection
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from apps.occurrences.materializer import materialize_batch
 from apps.occurrences.models import DispatchOutbox, Occurrence
-from apps.occurrences.partitions import partitions_ensure
+from apps.occurrences.pipeline.materializer import materialize_batch
+from apps.occurrences.pipeline.partitions import partitions_ensure
 from apps.occurrences.tests.helpers import leases, materialize_config
 from apps.schedules.models import Schedule, ScheduleVersion
 from apps.schedules.tests.factories import make_schedule

@@ -9,8 +9,8 @@ import pytest
 import time_machine
 from django.forms.models import model_to_dict
 
-from apps.occurrences.materializer import materialize_pass
 from apps.occurrences.models import DispatchOutbox, Occurrence, occurrence_id_for
+from apps.occurrences.pipeline.materializer import materialize_pass
 from apps.occurrences.tests.helpers import leases, materialize_config
 from apps.schedules.models import Schedule, ScheduleEvent, ScheduleVersion
 from apps.schedules.tests.factories import make_schedule

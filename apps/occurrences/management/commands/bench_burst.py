@@ -4,7 +4,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from apps.occurrences.benchmarks import bench_burst, report_json
+from apps.occurrences.bench.burst import bench_burst, report_json
 
 
 class Command(BaseCommand):

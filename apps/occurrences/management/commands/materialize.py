@@ -7,10 +7,10 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 from django.utils import timezone
 
-from apps.occurrences.leases import LeaseSet
-from apps.occurrences.loop import process_owner, run_loop
-from apps.occurrences.materializer import MaterializeConfig, materialize_pass
 from apps.occurrences.models import ShardLease
+from apps.occurrences.pipeline.leases import LeaseSet
+from apps.occurrences.pipeline.loop import process_owner, run_loop
+from apps.occurrences.pipeline.materializer import MaterializeConfig, materialize_pass
 
 log = logging.getLogger("tick.materialize")
 

@@ -6,7 +6,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 from django.utils import timezone
 
-from apps.occurrences.partitions import partitions_maintain
+from apps.occurrences.pipeline.partitions import partitions_maintain
 
 
 class Command(BaseCommand):

@@ -8,12 +8,12 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 from django.utils import timezone
 
-from apps.occurrences import metrics
-from apps.occurrences.execution import attempts_reap
-from apps.occurrences.loop import process_owner, run_loop
-from apps.occurrences.outages import outage_of
-from apps.occurrences.redelivery import occurrences_redeliver
-from apps.occurrences.stuck import stuck_scan
+from apps.occurrences.audit.stuck import stuck_scan
+from apps.occurrences.execution.attempts import attempts_reap
+from apps.occurrences.observability import metrics
+from apps.occurrences.pipeline.loop import process_owner, run_loop
+from apps.occurrences.pipeline.outages import outage_of
+from apps.occurrences.pipeline.redelivery import occurrences_redeliver
 
 log = logging.getLogger("tick.reap")
 

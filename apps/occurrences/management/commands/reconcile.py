@@ -12,7 +12,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
-from apps.occurrences.reconcile import FAILING, StuckBounds, reconcile
+from apps.occurrences.audit.reconcile import FAILING, StuckBounds, reconcile
 from apps.tenants.models import Tenant
 
 

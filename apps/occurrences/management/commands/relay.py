@@ -6,12 +6,12 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 
-from apps.occurrences.broker import Publisher
-from apps.occurrences.leases import LeaseSet
-from apps.occurrences.loop import process_owner, run_loop
 from apps.occurrences.models import ShardLease
-from apps.occurrences.relay import Recorder, RelayConfig, relay_step
-from apps.occurrences.throttle import TenantThrottle
+from apps.occurrences.pipeline.broker import Publisher
+from apps.occurrences.pipeline.leases import LeaseSet
+from apps.occurrences.pipeline.loop import process_owner, run_loop
+from apps.occurrences.pipeline.relay import Recorder, RelayConfig, relay_step
+from apps.occurrences.pipeline.throttle import TenantThrottle
 from tickweb.celery import app as celery_app
 
 log = logging.getLogger("tick.relay")

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from django.db import connection
 
-from apps.occurrences import metrics
+from apps.occurrences.observability import metrics
 
 
 @dataclass

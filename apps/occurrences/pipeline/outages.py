@@ -20,7 +20,7 @@ import amqp.exceptions
 import kombu.exceptions
 from django import db
 
-from apps.occurrences import metrics
+from apps.occurrences.observability import metrics
 
 log = logging.getLogger(__name__)
 

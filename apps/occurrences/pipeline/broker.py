@@ -25,7 +25,7 @@ from urllib.parse import unquote, urlparse
 import amqp
 from kombu.serialization import dumps
 
-from apps.occurrences.queues import (
+from apps.occurrences.pipeline.queues import (
     LANES,
     QUEUE_ARGUMENTS,
     all_queue_names,

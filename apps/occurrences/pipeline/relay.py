@@ -41,13 +41,18 @@ from django.db import connection, transaction
 from django.db.backends.utils import CursorWrapper
 from django.utils import timezone
 
-from apps.occurrences import metrics
-from apps.occurrences.broker import OutgoingMessage, Publisher
-from apps.occurrences.bulk import array_literal
-from apps.occurrences.leases import LeaseSet
-from apps.occurrences.outages import drop_database_connection
-from apps.occurrences.queues import ENVELOPE_TASK_NAME, TASK_NAME, queue_name, tenant_partition
-from apps.occurrences.throttle import TenantThrottle
+from apps.occurrences.observability import metrics
+from apps.occurrences.pipeline.broker import OutgoingMessage, Publisher
+from apps.occurrences.pipeline.bulk import array_literal
+from apps.occurrences.pipeline.leases import LeaseSet
+from apps.occurrences.pipeline.outages import drop_database_connection
+from apps.occurrences.pipeline.queues import (
+    ENVELOPE_TASK_NAME,
+    TASK_NAME,
+    queue_name,
+    tenant_partition,
+)
+from apps.occurrences.pipeline.throttle import TenantThrottle
 
 log = logging.getLogger(__name__)
 

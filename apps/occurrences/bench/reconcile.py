@@ -23,9 +23,13 @@ from typing import Any
 from django.conf import settings
 from django.db import connection
 
+from apps.occurrences.audit.reconcile import expected_cron_instants
 from apps.occurrences.models import occurrence_id_for
-from apps.occurrences.partitions import PARTITIONED_TABLES, partition_name, partitions_ensure
-from apps.occurrences.reconcile import expected_cron_instants
+from apps.occurrences.pipeline.partitions import (
+    PARTITIONED_TABLES,
+    partition_name,
+    partitions_ensure,
+)
 from apps.schedules.models import shard_for
 from apps.tenants.services import tenant_create
 

@@ -21,10 +21,10 @@ from types import FrameType
 
 from django.core.exceptions import ImproperlyConfigured
 
-from apps.occurrences import metrics
-from apps.occurrences.health import ProcessHealth, serve_process
-from apps.occurrences.leases import LeaseSet
-from apps.occurrences.outages import (
+from apps.occurrences.observability import metrics
+from apps.occurrences.observability.health import ProcessHealth, serve_process
+from apps.occurrences.pipeline.leases import LeaseSet
+from apps.occurrences.pipeline.outages import (
     Backoff,
     Dependency,
     OutageTracker,

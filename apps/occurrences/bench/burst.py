@@ -35,7 +35,7 @@ from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
-from apps.occurrences.queues import all_queue_names
+from apps.occurrences.pipeline.queues import all_queue_names
 from apps.schedules.models import shard_for
 from apps.tenants.models import Tenant
 from apps.tenants.services import tenant_create
@@ -218,7 +218,7 @@ class _Consumer(threading.Thread):
         self.ready = threading.Event()
 
     def run(self) -> None:
-        from apps.occurrences.broker import connect_any
+        from apps.occurrences.pipeline.broker import connect_any
 
         conn, _ = connect_any(self.broker_url)
         channel = conn.channel()
@@ -244,7 +244,7 @@ class _Consumer(threading.Thread):
 
 
 def _publisher(broker_url: str, prefix: str) -> Any:
-    from apps.occurrences.broker import Publisher
+    from apps.occurrences.pipeline.broker import Publisher
 
     return Publisher(
         broker_url, prefix=prefix, partitions=settings.TICK_TENANT_PARTITIONS, celery_app=None

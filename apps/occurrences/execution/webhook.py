@@ -30,14 +30,20 @@ from django.conf import settings
 from urllib3.exceptions import HTTPError as Urllib3Error
 from urllib3.exceptions import SSLError as Urllib3SSLError
 
-from apps.occurrences import metrics
-from apps.occurrences.handlers import (
+from apps.occurrences.execution.handlers import (
     HandlerContext,
     PermanentError,
     TransientError,
     register_handler,
 )
-from apps.occurrences.ssrf import Allowlist, ResolvedTarget, SSRFRefused, check_url, resolve_target
+from apps.occurrences.execution.ssrf import (
+    Allowlist,
+    ResolvedTarget,
+    SSRFRefused,
+    check_url,
+    resolve_target,
+)
+from apps.occurrences.observability import metrics
 
 RESERVED_HEADERS = frozenset(
     {"host", "content-length", "content-type", "idempotency-key", "transfer-encoding",

@@ -24,7 +24,7 @@ from typing import Any
 
 from django.db import connection
 
-from apps.occurrences import metrics
+from apps.occurrences.observability import metrics
 
 BUCKETS = (("1m", 60), ("5m", 300), ("15m", 900))
 
@@ -158,8 +158,8 @@ def queue_depths(broker_url: str, prefix: str, partitions: int) -> dict[str, int
     """Ready messages per lane, by a passive declare of each queue (no message is read)."""
     import amqp
 
-    from apps.occurrences.broker import connect_any
-    from apps.occurrences.queues import LANES, queue_name
+    from apps.occurrences.pipeline.broker import connect_any
+    from apps.occurrences.pipeline.queues import LANES, queue_name
 
     # Any node of a cluster answers for its quorum queues: the first that connects will do.
     conn, _ = connect_any(broker_url, connect_timeout=5)

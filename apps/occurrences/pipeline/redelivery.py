@@ -22,8 +22,8 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db import connection, transaction
 
-from apps.occurrences import metrics
 from apps.occurrences.models import Lane, Occurrence
+from apps.occurrences.observability import metrics
 
 # `lost` walks occurrence_enqueued_open_idx (published, unfinished occurrences by first
 # confirm: the in-flight work only) in the day partitions of the lookback; the first

@@ -53,9 +53,8 @@ from django.db import connection, transaction
 from django.db.backends.utils import CursorWrapper
 from django.utils import timezone
 
-from apps.occurrences import logs, metrics
-from apps.occurrences import webhook as _webhook  # noqa: F401 - registers the handler
-from apps.occurrences.handlers import (
+from apps.occurrences.execution import webhook as _webhook  # noqa: F401 - registers the handler
+from apps.occurrences.execution.handlers import (
     Canceled,
     ErrorClass,
     HandlerContext,
@@ -64,7 +63,12 @@ from apps.occurrences.handlers import (
     get_handler,
 )
 from apps.occurrences.models import Attempt, Lane, Occurrence
-from apps.occurrences.outages import call_through_outages, drop_database_connection, outage_of
+from apps.occurrences.observability import logs, metrics
+from apps.occurrences.pipeline.outages import (
+    call_through_outages,
+    drop_database_connection,
+    outage_of,
+)
 
 log = logging.getLogger(__name__)
 

@@ -26,11 +26,11 @@ from typing import Any
 
 from django.db import connection, transaction
 
-from apps.occurrences import metrics
-from apps.occurrences.bulk import array_literal
-from apps.occurrences.leases import LeaseSet
 from apps.occurrences.models import Lane, Occurrence, occurrence_id_for
-from apps.occurrences.partitions import partitions_ensure, partitions_missing
+from apps.occurrences.observability import metrics
+from apps.occurrences.pipeline.bulk import array_literal
+from apps.occurrences.pipeline.leases import LeaseSet
+from apps.occurrences.pipeline.partitions import partitions_ensure, partitions_missing
 from apps.schedules import timerules
 from apps.schedules.models import Schedule, ScheduleEvent
 
@@ -257,7 +257,7 @@ def _materialize_batch(
             return result
         result.schedules = len(rows)
 
-        # Columns are built as text: one array literal per column (apps/occurrences/bulk.py).
+        # Columns are built as text: one array literal per column (pipeline/bulk.py).
         cols: dict[str, list[str]] = {k: [] for k in _COLUMNS}
         advance: dict[str, list[str]] = {k: [] for k in ("id", "version", "old", "next", "state")}
         events: list[ScheduleEvent] = []

@@ -7,7 +7,7 @@ Errors are classified by `classify_error`: `PermanentError` and validation error
 occurrence DEAD; `TransientError`, connection errors, timeouts and anything unexpected are
 retried (bounded by max attempts, the occurrence deadline and the tenant retry budget).
 A handler that sees `ctx.cancel_requested` set should stop and raise `Canceled`.
-Built-ins: `noop`, `record` (demo/test) and `webhook` (apps/occurrences/webhook.py).
+Built-ins: `noop`, `record` (demo/test) and `webhook` (apps/occurrences/execution/webhook.py).
 """
 
 from __future__ import annotations

@@ -21,10 +21,10 @@ from typing import Any
 from celery import shared_task
 from celery.exceptions import Reject
 
-from apps.occurrences import metrics
-from apps.occurrences.execution import occurrence_execute
-from apps.occurrences.outages import outage_of
-from apps.occurrences.queues import ENVELOPE_TASK_NAME, TASK_NAME
+from apps.occurrences.execution.attempts import occurrence_execute
+from apps.occurrences.observability import metrics
+from apps.occurrences.pipeline.outages import outage_of
+from apps.occurrences.pipeline.queues import ENVELOPE_TASK_NAME, TASK_NAME
 
 log = logging.getLogger(__name__)
 
