@@ -1,4 +1,8 @@
-"""Tick settings: one module, every deploy-specific value read from the environment."""
+"""Tick settings: one module, every deploy-specific value read from the environment.
+
+Grouped by concern: Django core, database, security, REST API, Celery/RabbitMQ, Tick's
+pipeline, observability. Invariants between values are enforced by tickweb/checks.py.
+"""
 
 from __future__ import annotations
 
@@ -15,15 +19,8 @@ django_stubs_ext.monkeypatch()
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
+# --- Django core ------------------------------------------------------------------------
 DEBUG = env_bool("DJANGO_DEBUG", False)
-SECRET_KEY = env_str("SECRET_KEY", "")
-if not SECRET_KEY:
-    if not DEBUG:
-        raise ImproperlyConfigured("SECRET_KEY must be set when DJANGO_DEBUG is off")
-    # Development only: DEBUG on and no key given.
-    SECRET_KEY = "django-insecure-development-only-key"  # noqa: S105
-ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
-CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -40,9 +37,14 @@ INSTALLED_APPS = [
     "apps.tenants",
     "apps.schedules",
     "apps.occurrences",
+    # Server-rendered tenant pages (apps/*/views.py, templates/), htmx vendored by django-htmx.
+    "django_htmx",
+    # Registers the system checks of tickweb/checks.py.
+    "tickweb.apps.TickwebConfig",
 ]
 
 MIDDLEWARE = [
+    # Before/After pair: the Prometheus middleware times everything in between.
     "django_prometheus.middleware.PrometheusBeforeMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -51,6 +53,7 @@ MIDDLEWARE = [
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_prometheus.middleware.PrometheusAfterMiddleware",
 ]
@@ -75,20 +78,6 @@ TEMPLATES = [
 WSGI_APPLICATION = "tickweb.wsgi.application"
 ASGI_APPLICATION = "tickweb.asgi.application"
 
-DATABASES = {
-    "default": dj_database_url.parse(
-        env_str("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/tick"),
-        conn_max_age=env_int("DATABASE_CONN_MAX_AGE", 60),
-        conn_health_checks=True,
-    )
-}
-DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
-
-AUTH_PASSWORD_VALIDATORS = [
-    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
-    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
-]
-
 LANGUAGE_CODE = "en-us"
 # UTC everywhere; local wall-clock time exists only inside apps/schedules/timerules.py.
 TIME_ZONE = "UTC"
@@ -103,14 +92,60 @@ STORAGES = {
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
 }
 
-LOGIN_URL = "admin:login"
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+# The web UI has its own login page (docs/ui.md); the admin keeps Django's.
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "dashboard"
+LOGOUT_REDIRECT_URL = "login"
 
+# --- database ---------------------------------------------------------------------------
+DATABASES = {
+    "default": dj_database_url.parse(
+        env_str("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/tick"),
+        conn_max_age=env_int("DATABASE_CONN_MAX_AGE", 60),
+        conn_health_checks=True,
+    )
+}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- security ---------------------------------------------------------------------------
+SECRET_KEY = env_str("SECRET_KEY", "")
+if not SECRET_KEY:
+    if not DEBUG:
+        raise ImproperlyConfigured("SECRET_KEY must be set when DJANGO_DEBUG is off")
+    # Development only: DEBUG on and no key given.
+    SECRET_KEY = "django-insecure-development-only-key"  # noqa: S105
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+# Production hardening (`manage.py check --deploy`); all on unless DEBUG, env-overridable.
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", not DEBUG)
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0 if DEBUG else 31_536_000)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", not DEBUG)
+SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", not DEBUG)
+SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", not DEBUG)
+CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", not DEBUG)
+# Behind a TLS-terminating proxy set SECURE_PROXY_SSL_HEADER_ENABLED=1.
+if env_bool("SECURE_PROXY_SSL_HEADER_ENABLED", False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+# The health/metrics scrape runs over plain HTTP inside the cluster.
+SECURE_REDIRECT_EXEMPT = [r"^metrics$", r"^healthz$", r"^readyz$"]
+
+# --- REST API ---------------------------------------------------------------------------
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["apps.tenants.authentication.ApiKeyAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["apps.tenants.authentication.IsTenantAuthenticated"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_PAGINATION_CLASS": None,
     "UNAUTHENTICATED_USER": None,
+    # One JSON error shape for every 4xx (tickweb/exceptions.py).
+    "EXCEPTION_HANDLER": "tickweb.exceptions.exception_handler",
+    # JSON is the only request format; tickweb/parsers.py caps its size and depth.
+    "DEFAULT_PARSER_CLASSES": ["tickweb.parsers.TickJSONParser"],
+    # Per-key rate limit counted in PostgreSQL, shared by every web process (ratelimit.py).
+    "DEFAULT_THROTTLE_CLASSES": ["tickweb.ratelimit.ApiKeyRateThrottle"],
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "Tick API",
@@ -121,50 +156,79 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # Two models have a `state` enum; name both so the schema is stable and warning-free.
+    "ENUM_NAME_OVERRIDES": {
+        "ScheduleStateEnum": "apps.schedules.models.Schedule.State",
+        "OccurrenceStateEnum": "apps.occurrences.models.Occurrence.State",
+    },
 }
+# Request bodies above this answer 413 (a schedule with a 64 KiB payload fits with room).
+DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("DATA_UPLOAD_MAX_MEMORY_SIZE", 256 * 1024)
+TICK_MAX_PAYLOAD_BYTES = env_int("TICK_MAX_PAYLOAD_BYTES", 64 * 1024)
+TICK_MAX_JSON_DEPTH = env_int("TICK_MAX_JSON_DEPTH", 32)
+# Idempotency keys are honoured this long (the contract promises at least 24 h).
+TICK_IDEMPOTENCY_TTL_S = max(env_int("TICK_IDEMPOTENCY_TTL_S", 48 * 3600), 24 * 3600)
+# Receipts look this far back for in-flight occurrences of the changed schedule.
+TICK_RECEIPT_LOOKBACK_S = env_int("TICK_RECEIPT_LOOKBACK_S", 24 * 3600)
 
-# --- Tick -------------------------------------------------------------------------------
+# --- Celery / RabbitMQ ------------------------------------------------------------------
+CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "amqp://guest:guest@127.0.0.1:5672//")
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# A worker whose broker is down reconnects until it is back (never gives up and exits).
+CELERY_BROKER_CONNECTION_MAX_RETRIES = None
+# JSON only, results too: a pickled message is refused before it is deserialized.
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_RESULT_SERIALIZER = "json"
+CELERY_RESULT_ACCEPT_CONTENT = ["json"]
+CELERY_RESULT_BACKEND = "django-db"
+CELERY_RESULT_EXTENDED = False
+CELERY_TASK_IGNORE_RESULT = True
+# A handler's side effect happens before the ack; a killed worker gets its message redelivered
+# (the claim then drops it as a duplicate, and the lease reaper recovers the occurrence).
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+# Handlers can run for hours: a worker reserves one message per pool slot, no more.
+CELERY_WORKER_PREFETCH_MULTIPLIER = env_int("CELERY_WORKER_PREFETCH_MULTIPLIER", 1)
+# Tick sends no ETA tasks: without Celery's delayed-delivery step a worker consumes at once
+# after failing over to another node (apps/occurrences/execution/worker_consumer.py).
+CELERY_WORKER_CONSUMER = "apps.occurrences.execution.worker_consumer:TickConsumer"
+# Tenant partitions per lane: queue = <prefix>.<lane>.p<H(tenant) mod P>.
+TICK_QUEUE_PREFIX = env_str("TICK_QUEUE_PREFIX", "tick")
+TICK_TENANT_PARTITIONS = env_int("TICK_TENANT_PARTITIONS", 4)
+# Workers consume every Tick queue (declared in tickweb/celery.py, so settings import no app
+# module); the relay publishes to them directly.
+CELERY_TASK_DEFAULT_QUEUE = f"{TICK_QUEUE_PREFIX}.strict.p0"
+
+# --- Tick pipeline ----------------------------------------------------------------------
 # Logical shards: shard = H(schedule_id) mod N. Fixed at installation; changing it re-homes
 # every schedule, so it is read once here and never per call.
 TICK_SHARDS = env_int("TICK_SHARDS", 256)
-# Tenant partitions per lane: queue = <prefix>.<lane>.p<H(tenant) mod P>.
-TICK_TENANT_PARTITIONS = env_int("TICK_TENANT_PARTITIONS", 4)
-TICK_QUEUE_PREFIX = env_str("TICK_QUEUE_PREFIX", "tick")
-# How far ahead the materializer writes occurrences (seconds). Covers a lease failover
-# (TTL) plus the queue-write budget; short enough that updates supersede few rows.
+# Shard leases of materializer and relay processes; a dead owner's shards are free after it.
+TICK_LEASE_TTL_S = env_int("TICK_LEASE_TTL_S", 15)
+
+# Materializer. How far ahead it writes occurrences (seconds): covers a lease failover (TTL)
+# plus the queue-write budget; short enough that updates supersede few rows.
 TICK_PLANNING_WINDOW_S = env_int("TICK_PLANNING_WINDOW_S", 120)
 TICK_MATERIALIZE_BATCH = env_int("TICK_MATERIALIZE_BATCH", 2000)
 # Upper bound on occurrences written for one schedule in one pass (bounds a tight cron).
 TICK_MAX_FIRES_PER_PASS = env_int("TICK_MAX_FIRES_PER_PASS", 200)
 # Misfire bookkeeping: at most this many MISSED rows per schedule per recovery pass.
 TICK_MISSED_RECORD_LIMIT = env_int("TICK_MISSED_RECORD_LIMIT", 10)
-TICK_LEASE_TTL_S = env_int("TICK_LEASE_TTL_S", 15)
+
+# Relay. The look-ahead lets it read a burst and build its messages before the instant.
 TICK_RELAY_LOOKAHEAD_MS = env_int("TICK_RELAY_LOOKAHEAD_MS", 5000)
+TICK_RELAY_BATCH = env_int("TICK_RELAY_BATCH", 100_000)
 # Occurrences of one tenant and lane due at one instant share a message, up to this many.
 TICK_RELAY_ENVELOPE_MAX = env_int("TICK_RELAY_ENVELOPE_MAX", 50)
-TICK_RELAY_BATCH = env_int("TICK_RELAY_BATCH", 100_000)
+
+# Worker: attempt leases (renewed every third of it), retries and their deadline.
 TICK_ATTEMPT_LEASE_S = env_int("TICK_ATTEMPT_LEASE_S", 60)
 TICK_MAX_ATTEMPTS = env_int("TICK_MAX_ATTEMPTS", 5)
 TICK_RETRY_BASE_S = env_int("TICK_RETRY_BASE_S", 2)
 TICK_RETRY_CAP_S = env_int("TICK_RETRY_CAP_S", 600)
-TICK_PARTITION_DAYS_AHEAD = env_int("TICK_PARTITION_DAYS_AHEAD", 7)
-TICK_RETENTION_DAYS = env_int("TICK_RETENTION_DAYS", 30)
-# Reconciliation audit (`manage.py reconcile`): seconds before pending work counts as stuck.
-# ENQUEUED with no attempt: above the worst legitimate queue wait and the retry cap.
-TICK_AUDIT_ENQUEUED_BOUND_S = env_int("TICK_AUDIT_ENQUEUED_BOUND_S", 900)
-# SCHEDULED / RETRY_WAIT past due and unpublished: the relay publishes within seconds.
-TICK_AUDIT_SCHEDULED_BOUND_S = env_int("TICK_AUDIT_SCHEDULED_BOUND_S", 300)
-# RUNNING past its lease's expiry: the reaper takes it within its grace.
-TICK_AUDIT_RUNNING_BOUND_S = env_int("TICK_AUDIT_RUNNING_BOUND_S", 300)
-# An ACTIVE schedule's next_run_at this far in the past: the materializer is behind or down.
-TICK_AUDIT_MATERIALIZE_LAG_S = env_int("TICK_AUDIT_MATERIALIZE_LAG_S", 300)
-
-# --- execution --------------------------------------------------------------------------
 # No retry is scheduled later than this after scheduled_for (or after a DLQ replay).
 TICK_RETRY_DEADLINE_S = env_int("TICK_RETRY_DEADLINE_S", 86_400)
-# Backstop (`manage.py reap`): ENQUEUED this long after its last broker confirm with no
-# claim = the broker lost it; republished with the same id. Above the worst queue wait.
-TICK_REDELIVER_AFTER_S = env_int("TICK_REDELIVER_AFTER_S", 600)
 # Over-quota claims (Tenant.max_running) are re-queued this much later (plus jitter).
 TICK_QUOTA_DELAY_S = env_int("TICK_QUOTA_DELAY_S", 2)
 # A worker retries a database outage this long (backoff) before handing the message back.
@@ -179,83 +243,23 @@ TICK_WEBHOOK_CONNECT_TIMEOUT_S = float(env_str("TICK_WEBHOOK_CONNECT_TIMEOUT_S",
 TICK_WEBHOOK_READ_TIMEOUT_S = float(env_str("TICK_WEBHOOK_READ_TIMEOUT_S", "30"))
 TICK_WEBHOOK_ALLOWLIST = env_list("TICK_WEBHOOK_ALLOWLIST", [])
 
-# --- lifecycle API ---------------------------------------------------------------------
-# One JSON error shape for every 4xx (tickweb/exceptions.py); JSON is the only request format
-# (tickweb/parsers.py caps size and depth); per-key rate limit in PostgreSQL.
-REST_FRAMEWORK["EXCEPTION_HANDLER"] = "tickweb.exceptions.exception_handler"
-REST_FRAMEWORK["DEFAULT_PARSER_CLASSES"] = ["tickweb.parsers.TickJSONParser"]
-REST_FRAMEWORK["DEFAULT_THROTTLE_CLASSES"] = ["tickweb.ratelimit.ApiKeyRateThrottle"]
-# Request bodies above this answer 413 (a schedule with a 64 KiB payload fits with room).
-DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("DATA_UPLOAD_MAX_MEMORY_SIZE", 256 * 1024)
-# Two models have a `state` enum; name both so the schema is stable and warning-free.
-SPECTACULAR_SETTINGS["ENUM_NAME_OVERRIDES"] = {
-    "ScheduleStateEnum": "apps.schedules.models.Schedule.State",
-    "OccurrenceStateEnum": "apps.occurrences.models.Occurrence.State",
-}
-TICK_MAX_PAYLOAD_BYTES = env_int("TICK_MAX_PAYLOAD_BYTES", 64 * 1024)
-TICK_MAX_JSON_DEPTH = env_int("TICK_MAX_JSON_DEPTH", 32)
-# Idempotency keys are honoured this long (the contract promises at least 24 h).
-TICK_IDEMPOTENCY_TTL_S = max(env_int("TICK_IDEMPOTENCY_TTL_S", 48 * 3600), 24 * 3600)
-# Receipts look this far back for in-flight occurrences of the changed schedule.
-TICK_RECEIPT_LOOKBACK_S = env_int("TICK_RECEIPT_LOOKBACK_S", 24 * 3600)
-# Production hardening (`manage.py check --deploy`); all on unless DEBUG, env-overridable.
-# Behind a TLS-terminating proxy set SECURE_PROXY_SSL_HEADER_ENABLED=1.
-SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", not DEBUG)
-SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0 if DEBUG else 31_536_000)
-SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", not DEBUG)
-SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", not DEBUG)
-SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", not DEBUG)
-CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", not DEBUG)
-if env_bool("SECURE_PROXY_SSL_HEADER_ENABLED", False):
-    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
-# The health/metrics scrape runs over plain HTTP inside the cluster.
-SECURE_REDIRECT_EXEMPT = [r"^metrics$"]
+# Reaper backstop (`manage.py reap`): ENQUEUED this long after its last broker confirm with
+# no claim = the broker lost it; republished with the same id. Above the worst queue wait.
+TICK_REDELIVER_AFTER_S = env_int("TICK_REDELIVER_AFTER_S", 600)
 
-# --- Celery -----------------------------------------------------------------------------
-CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "amqp://guest:guest@127.0.0.1:5672//")
-CELERY_RESULT_BACKEND = "django-db"
-CELERY_RESULT_EXTENDED = False
-CELERY_TASK_SERIALIZER = "json"
-CELERY_ACCEPT_CONTENT = ["json"]
-# A handler's side effect happens before the ack; a killed worker gets its message redelivered
-# (the claim then drops it as a duplicate, and the lease reaper recovers the occurrence).
-CELERY_TASK_ACKS_LATE = True
-CELERY_TASK_REJECT_ON_WORKER_LOST = True
-# Handlers can run for hours: a worker reserves one message per pool slot, no more.
-CELERY_WORKER_PREFETCH_MULTIPLIER = env_int("CELERY_WORKER_PREFETCH_MULTIPLIER", 1)
-# JSON only, results too: a pickled message is refused before it is deserialized.
-CELERY_RESULT_SERIALIZER = "json"
-CELERY_RESULT_ACCEPT_CONTENT = ["json"]
-CELERY_TASK_IGNORE_RESULT = True
-CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
-# Tick sends no ETA tasks: without Celery's delayed-delivery step a worker consumes at once
-# after failing over to another node (apps/occurrences/execution/worker_consumer.py).
-CELERY_WORKER_CONSUMER = "apps.occurrences.execution.worker_consumer:TickConsumer"
-# A worker whose broker is down reconnects until it is back (never gives up and exits).
-CELERY_BROKER_CONNECTION_MAX_RETRIES = None
+# Daily occurrence partitions (`manage.py partitions`): created ahead, dropped after retention.
+TICK_PARTITION_DAYS_AHEAD = env_int("TICK_PARTITION_DAYS_AHEAD", 7)
+TICK_RETENTION_DAYS = env_int("TICK_RETENTION_DAYS", 30)
 
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
-}
-
-# Celery workers consume every Tick queue (declared in tickweb/celery.py, so settings import
-# no app module); the relay publishes to them directly.
-CELERY_TASK_DEFAULT_QUEUE = f"{TICK_QUEUE_PREFIX}.strict.p0"
-
-# --- web UI -----------------------------------------------------------------------------
-# Server-rendered tenant pages (apps/*/views.py, templates/), htmx vendored by django-htmx.
-INSTALLED_APPS += ["django_htmx"]
-MIDDLEWARE.insert(
-    MIDDLEWARE.index("django.contrib.messages.middleware.MessageMiddleware") + 1,
-    "django_htmx.middleware.HtmxMiddleware",
-)
-LOGIN_URL = "login"
-LOGIN_REDIRECT_URL = "dashboard"
-LOGOUT_REDIRECT_URL = "login"
+# Reconciliation audit (`manage.py reconcile`): seconds before pending work counts as stuck.
+# ENQUEUED with no attempt: above the worst legitimate queue wait and the retry cap.
+TICK_AUDIT_ENQUEUED_BOUND_S = env_int("TICK_AUDIT_ENQUEUED_BOUND_S", 900)
+# SCHEDULED / RETRY_WAIT past due and unpublished: the relay publishes within seconds.
+TICK_AUDIT_SCHEDULED_BOUND_S = env_int("TICK_AUDIT_SCHEDULED_BOUND_S", 300)
+# RUNNING past its lease's expiry: the reaper takes it within its grace.
+TICK_AUDIT_RUNNING_BOUND_S = env_int("TICK_AUDIT_RUNNING_BOUND_S", 300)
+# An ACTIVE schedule's next_run_at this far in the past: the materializer is behind or down.
+TICK_AUDIT_MATERIALIZE_LAG_S = env_int("TICK_AUDIT_MATERIALIZE_LAG_S", 300)
 
 # --- observability ----------------------------------------------------------------------
 # Tenant-labelled metrics keep the top N tenants by value and sum the rest as "other".
@@ -263,7 +267,8 @@ TICK_METRICS_TOP_TENANTS = env_int("TICK_METRICS_TOP_TENANTS", 10)
 # Structured logs: every record carries tenant/schedule/occurrence ids ("-" when the line is
 # about a batch); key=value text by default, one JSON object per line with LOG_FORMAT=json.
 LOGGING = {
-    **LOGGING,
+    "version": 1,
+    "disable_existing_loggers": False,
     "filters": {"tick_ids": {"()": "apps.occurrences.observability.logs.IdsFilter"}},
     "formatters": {
         "kv": {
@@ -279,5 +284,5 @@ LOGGING = {
             "formatter": "json" if env_str("LOG_FORMAT", "kv") == "json" else "kv",
         }
     },
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
 }
-SECURE_REDIRECT_EXEMPT += [r"^healthz$", r"^readyz$"]

@@ -1,0 +1,162 @@
+"""System checks (`manage.py check`) for setting values the code relies on without checking.
+
+Each refusal names the setting, what breaks, and the fix. Registered by
+`tickweb.apps.TickwebConfig`, so every management command (and every process start through
+`manage.py`) refuses a configuration that would misbehave quietly at run time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from django.apps import AppConfig
+from django.conf import settings
+from django.core import checks
+from django.core.checks import CheckMessage
+
+# Counts and batch sizes: zero or less stalls a loop or breaks its slicing (a zero envelope
+# size cannot chunk a burst; a zero fire cap leaves a schedule with no next instant).
+AT_LEAST_ONE = (
+    "TICK_SHARDS",
+    "TICK_TENANT_PARTITIONS",
+    "TICK_MATERIALIZE_BATCH",
+    "TICK_MAX_FIRES_PER_PASS",
+    "TICK_RELAY_BATCH",
+    "TICK_RELAY_ENVELOPE_MAX",
+    "TICK_MAX_ATTEMPTS",
+    "TICK_RETENTION_DAYS",
+)
+# Durations: zero or less expires every lease at once, spins a heartbeat or re-check loop,
+# republishes every ENQUEUED occurrence at once, or is refused by the HTTP client.
+POSITIVE = (
+    "TICK_LEASE_TTL_S",
+    "TICK_PLANNING_WINDOW_S",
+    "TICK_ATTEMPT_LEASE_S",
+    "TICK_RETRY_BASE_S",
+    "TICK_RETRY_CAP_S",
+    "TICK_RETRY_DEADLINE_S",
+    "TICK_REDELIVER_AFTER_S",
+    "TICK_OVERLAP_RECHECK_S",
+    "TICK_OVERLAP_LOOKBACK_S",
+    "TICK_WORKER_OUTAGE_RETRY_S",
+    "TICK_WEBHOOK_CONNECT_TIMEOUT_S",
+    "TICK_WEBHOOK_READ_TIMEOUT_S",
+    "TICK_AUDIT_ENQUEUED_BOUND_S",
+    "TICK_AUDIT_SCHEDULED_BOUND_S",
+    "TICK_AUDIT_RUNNING_BOUND_S",
+    "TICK_AUDIT_MATERIALIZE_LAG_S",
+)
+# May be zero (no look-ahead, no delay, no MISSED rows, no partitions ahead), never negative.
+NOT_NEGATIVE = (
+    "TICK_RELAY_LOOKAHEAD_MS",
+    "TICK_QUOTA_DELAY_S",
+    "TICK_MISSED_RECORD_LIMIT",
+    "TICK_PARTITION_DAYS_AHEAD",
+    "TICK_METRICS_TOP_TENANTS",
+)
+
+Apps = Sequence[AppConfig] | None
+
+
+@checks.register()
+def check_utc(app_configs: Apps = None, **kwargs: Any) -> list[CheckMessage]:
+    """Stored instants, partition days and retry budgets are all UTC."""
+    errors: list[CheckMessage] = []
+    if settings.TIME_ZONE != "UTC":
+        errors.append(
+            checks.Error(
+                f"TIME_ZONE is {settings.TIME_ZONE!r}; Tick runs in UTC.",
+                hint='Set TIME_ZONE = "UTC"; schedules carry their own time zone.',
+                id="tick.E001",
+            )
+        )
+    if not settings.USE_TZ:
+        errors.append(
+            checks.Error(
+                "USE_TZ is off; Tick compares and stores aware datetimes only.",
+                hint="Set USE_TZ = True.",
+                id="tick.E002",
+            )
+        )
+    return errors
+
+
+# (settings, what each value must be, test, id)
+RANGE_RULES: tuple[tuple[tuple[str, ...], str, Callable[[float], bool], str], ...] = (
+    (AT_LEAST_ONE, "at least 1", lambda value: value >= 1, "tick.E003"),
+    (POSITIVE, "greater than 0", lambda value: value > 0, "tick.E004"),
+    (NOT_NEGATIVE, "0 or more", lambda value: value >= 0, "tick.E005"),
+)
+
+
+@checks.register()
+def check_value_ranges(app_configs: Apps = None, **kwargs: Any) -> list[CheckMessage]:
+    errors: list[CheckMessage] = []
+    for names, requirement, holds, error_id in RANGE_RULES:
+        for name in names:
+            value = getattr(settings, name)
+            if not holds(value):
+                errors.append(
+                    checks.Error(
+                        f"{name} is {value}; it must be {requirement}.",
+                        hint=f"Set the {name} environment variable ({requirement}).",
+                        id=error_id,
+                    )
+                )
+    return errors
+
+
+@checks.register()
+def check_pipeline_windows(app_configs: Apps = None, **kwargs: Any) -> list[CheckMessage]:
+    """Relations between the materializer's, the relay's and the worker's time spans."""
+    errors: list[CheckMessage] = []
+    window_s = settings.TICK_PLANNING_WINDOW_S
+    if window_s * 1000 <= settings.TICK_RELAY_LOOKAHEAD_MS:
+        errors.append(
+            checks.Error(
+                f"TICK_PLANNING_WINDOW_S ({window_s} s) is not greater than "
+                f"TICK_RELAY_LOOKAHEAD_MS ({settings.TICK_RELAY_LOOKAHEAD_MS} ms): the relay "
+                "would look further ahead than the materializer has written, so bursts are "
+                "not read before their instant.",
+                hint="Raise TICK_PLANNING_WINDOW_S or lower TICK_RELAY_LOOKAHEAD_MS.",
+                id="tick.E006",
+            )
+        )
+    if window_s <= settings.TICK_LEASE_TTL_S:
+        errors.append(
+            checks.Error(
+                f"TICK_PLANNING_WINDOW_S ({window_s} s) is not greater than "
+                f"TICK_LEASE_TTL_S ({settings.TICK_LEASE_TTL_S} s): occurrences due while a "
+                "dead materializer's shard leases expire would be written late.",
+                hint="Keep the planning window well above the shard lease TTL.",
+                id="tick.E007",
+            )
+        )
+    if settings.TICK_RETENTION_DAYS * 86_400 < settings.TICK_RETRY_DEADLINE_S:
+        errors.append(
+            checks.Error(
+                f"TICK_RETENTION_DAYS ({settings.TICK_RETENTION_DAYS}) is shorter than "
+                f"TICK_RETRY_DEADLINE_S ({settings.TICK_RETRY_DEADLINE_S} s): partitions "
+                "would be dropped while their occurrences can still be retried.",
+                hint="Raise TICK_RETENTION_DAYS or lower TICK_RETRY_DEADLINE_S.",
+                id="tick.E008",
+            )
+        )
+    return errors
+
+
+@checks.register()
+def check_audit_bounds(app_configs: Apps = None, **kwargs: Any) -> list[CheckMessage]:
+    """The reconcile audit's ENQUEUED bound counts a retry's backoff (docs/decisions.md)."""
+    if settings.TICK_AUDIT_ENQUEUED_BOUND_S > settings.TICK_RETRY_CAP_S:
+        return []
+    return [
+        checks.Warning(
+            f"TICK_AUDIT_ENQUEUED_BOUND_S ({settings.TICK_AUDIT_ENQUEUED_BOUND_S} s) is not "
+            f"greater than TICK_RETRY_CAP_S ({settings.TICK_RETRY_CAP_S} s): `reconcile` "
+            "would report retries still waiting out their backoff as stuck.",
+            hint="Raise TICK_AUDIT_ENQUEUED_BOUND_S above the retry cap plus a queue wait.",
+            id="tick.W001",
+        )
+    ]
