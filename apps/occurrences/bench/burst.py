@@ -8,14 +8,14 @@ Reported: lag `enqueued_at - scheduled_for` (flexible: `- available_at`) from th
 the consumer's arrival lag, missing and duplicate occurrences, throughput, the small
 tenants' p99, CPU seconds and peak RSS per process kind. Everything is removed afterwards.
 
-Setup writes schedules with COPY but computes every server-owned field with Tick's own code
-(`shard_for`) and writes what the create service writes with each schedule (a version-1 row
-and a `created` event), so the rows are what `schedule_create` would have produced.
+Setup writes schedules with COPY (`bench.fixtures`) but computes every server-owned field with
+Tick's own code (`shard_for`) and writes what the create service writes with each schedule (a
+version-1 row and a `created` event), so the rows are what `schedule_create` would have
+produced.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import signal
@@ -26,6 +26,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -33,15 +34,33 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection
+from django.db.models import QuerySet
 from django.utils import timezone
 
+from apps.occurrences.bench.fixtures import ScheduleBatch
+from apps.occurrences.models import Occurrence
 from apps.occurrences.pipeline.queues import all_queue_names
-from apps.schedules.models import shard_for
+from apps.schedules.models import Schedule
 from apps.tenants.models import Tenant
 from apps.tenants.services import tenant_create
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+# The pipeline processes the bench starts: `manage.py` command names, which also key the
+# report's cpu and peak_rss_mb figures.
+PIPELINE_COMMANDS = ("materialize", "relay")
+
+
+@dataclass(frozen=True)
+class _Burst:
+    """One run: N schedules of the tenants (the first owns 90 %) due at one instant."""
+
+    tenant_ids: list[uuid.UUID]
+    instant: datetime
+    schedules: int
+    precision: Schedule.Precision
+    flexible_window_s: int
+    extra_active: int
 
 
 @dataclass
@@ -103,7 +122,7 @@ def _copy_schedules(
     *,
     expression: str,
     next_run_at: datetime,
-    precision: str,
+    precision: Schedule.Precision,
     window_s: int,
 ) -> None:
     """COPY `count` cron schedules (and their version-1 rows) spread over the tenants."""
@@ -112,42 +131,71 @@ def _copy_schedules(
     for tenant_id, weight in zip(tenant_ids, weights, strict=True):
         owners.extend([tenant_id] * weight)
     definition = json.dumps(
-        {"kind": "CRON", "expression": expression, "time_zone": "UTC", "precision": precision,
-         "flexible_window_s": window_s, "handler": "record"}
+        {"kind": Schedule.Kind.CRON, "expression": expression, "time_zone": "UTC",
+         "precision": precision, "flexible_window_s": window_s, "handler": "record"}
     )  # fmt: skip
     chunk = 50_000
     with connection.cursor() as cursor:
         for start in range(0, count, chunk):
-            schedules, versions, events = io.StringIO(), io.StringIO(), io.StringIO()
+            batch = ScheduleBatch()
             for n in range(start, min(count, start + chunk)):
                 sid = uuid.uuid4()
                 tenant = owners[n % len(owners)]
-                schedules.write(
-                    f"{sid}\t{tenant}\tbench\tCRON\t{expression}\tUTC\tskip\tfirst\t{precision}\t"
-                    f"{window_s}\tFIRE_ONCE\t60\t0\tALLOW\trecord\t{{}}\t1\tACTIVE\t"
-                    f"{next_run_at.isoformat()}\t{shard_for(sid, settings.TICK_SHARDS)}\t"
-                    f"{now.isoformat()}\t{now.isoformat()}\n"
-                )
-                versions.write(f"{sid}\t{tenant}\t1\t{definition}\t{now.isoformat()}\n")
-                events.write(f"{sid}\t{tenant}\tcreated\t1\tbench\t{now.isoformat()}\t{{}}\n")
-            raw = cursor.cursor  # psycopg's cursor: COPY is its own protocol
-            with raw.copy(
-                "COPY schedules_schedule (id, tenant_id, name, kind, expression, time_zone, "
-                "dst_gap, dst_fold, precision, flexible_window_s, misfire_policy, "
-                "max_lateness_s, catchup_limit, overlap_policy, handler, payload, version, "
-                "state, next_run_at, shard, created_at, updated_at) FROM STDIN"
-            ) as copy:
-                copy.write(schedules.getvalue())
-            with raw.copy(
-                "COPY schedules_scheduleversion (schedule_id, tenant_id, version, definition, "
-                "valid_from) FROM STDIN"
-            ) as copy:
-                copy.write(versions.getvalue())
-            with raw.copy(
-                "COPY schedules_scheduleevent (schedule_id, tenant_id, kind, version, actor, "
-                "at, detail) FROM STDIN"
-            ) as copy:
-                copy.write(events.getvalue())
+                batch.add_schedule(
+                    sid, tenant, expression=expression, time_zone="UTC", precision=precision,
+                    flexible_window_s=window_s, next_run_at=next_run_at, created_at=now,
+                    definition=definition,
+                )  # fmt: skip
+                batch.add_created_event(sid, tenant, now)
+            batch.copy(cursor)
+
+
+def _bench_tenants(prefix: str, count: int) -> list[uuid.UUID]:
+    """`count` fresh tenants; the first will own 90 % of the schedules."""
+    tenant_ids = [tenant_create(slug=f"bench-{prefix[-8:]}-{i}").id for i in range(count)]
+    # The benchmark measures Tick's capacity, not a tenant's quota: lift the rate quotas.
+    Tenant.objects.filter(id__in=tenant_ids).update(
+        trigger_rate_per_s=10_000_000, catchup_rate_per_s=10_000_000
+    )
+    return tenant_ids
+
+
+def _owner_weights(tenant_ids: list[uuid.UUID]) -> list[int]:
+    """One tenant owns 90 %; the rest share 10 %."""
+    small = tenant_ids[1:]
+    return [9 * max(1, len(small))] + [1] * len(small) if small else [1]
+
+
+def _load_extra_active(
+    tenant_ids: list[uuid.UUID], weights: list[int], count: int, say: Callable[[str], object]
+) -> None:
+    say(f"loading {count:,} extra active schedules (due next year)…")
+    _copy_schedules(
+        tenant_ids, weights, count, expression="0 0 1 1 *",
+        next_run_at=datetime(timezone.now().year + 1, 1, 1, tzinfo=UTC),
+        precision=Schedule.Precision.STRICT, window_s=0,
+    )  # fmt: skip
+
+
+def _burst_instant(now: datetime, lead_s: float) -> datetime:
+    """The first whole minute at least `lead_s` after `now`: a cron rule can name it."""
+    instant = (now + timedelta(seconds=lead_s)).replace(second=0, microsecond=0)
+    if instant < now + timedelta(seconds=lead_s):
+        instant += timedelta(minutes=1)
+    return instant
+
+
+def _load_due(burst: _Burst, weights: list[int], say: Callable[[str], object]) -> None:
+    """COPY the burst's schedules, all due at its instant, and refresh the planner's stats."""
+    instant = burst.instant
+    say(f"loading {burst.schedules:,} schedules due at {instant.isoformat()}…")
+    _copy_schedules(
+        burst.tenant_ids, weights, burst.schedules,
+        expression=f"{instant.minute} {instant.hour} {instant.day} {instant.month} *",
+        next_run_at=instant, precision=burst.precision, window_s=burst.flexible_window_s,
+    )  # fmt: skip
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE schedules_schedule")
 
 
 def _cleanup(tenant_ids: list[uuid.UUID]) -> None:
@@ -251,6 +299,85 @@ def _publisher(broker_url: str, prefix: str) -> Any:
     )
 
 
+def _declare_topology(broker_url: str, prefix: str) -> None:
+    declarer = _publisher(broker_url, prefix)
+    declarer.connect()  # declares the topology the relay will publish to
+    declarer.close()
+
+
+def _delete_topology(broker_url: str, prefix: str) -> None:
+    cleaner = _publisher(broker_url, prefix)
+    cleaner.delete_topology()
+    cleaner.close()
+
+
+def _start_pipeline(prefix: str, logs: Path, procs: dict[str, subprocess.Popen[bytes]]) -> None:
+    """A `manage.py materialize` and a `manage.py relay` on the bench's queue prefix.
+
+    Each goes into `procs` as soon as it runs, so the caller stops it even if the next fails.
+    """
+    env = {**os.environ, "TICK_QUEUE_PREFIX": prefix, "PYTHONUNBUFFERED": "1"}
+    for command in PIPELINE_COMMANDS:
+        procs[command] = subprocess.Popen(  # noqa: S603 - fixed argv: this interpreter, manage.py
+            [sys.executable, "manage.py", command], cwd=ROOT, env=env,
+            stdout=subprocess.DEVNULL, stderr=(logs / f"{command}.log").open("wb"),
+        )  # fmt: skip
+
+
+def _stop_pipeline(procs: dict[str, subprocess.Popen[bytes]]) -> None:
+    for proc in procs.values():
+        proc.send_signal(signal.SIGTERM)
+    for proc in procs.values():
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def _stop_consumer(consumer: _Consumer) -> None:
+    consumer.stop.set()
+    if consumer.is_alive():
+        consumer.join(5)
+
+
+def _resource_usage(
+    procs: dict[str, subprocess.Popen[bytes]], services_before: dict[str, float]
+) -> tuple[dict[str, float], dict[str, float]]:
+    """CPU seconds and peak RSS (MiB) per process kind; the services' CPU since `before`."""
+    cpu = {kind: _proc_cpu_s(p.pid) for kind, p in procs.items()}
+    rss = {kind: _proc_peak_rss_mb(p.pid) for kind, p in procs.items()}
+    services_after = _services_cpu()
+    for name, before in services_before.items():
+        cpu[name] = services_after[name] - before
+    cpu["bench+consumer"] = _proc_cpu_s(os.getpid())
+    rss["bench+consumer"] = _proc_peak_rss_mb(os.getpid())
+    return cpu, rss
+
+
+def _burst_occurrences(burst: _Burst) -> QuerySet[Occurrence]:
+    return Occurrence.objects.filter(tenant_id__in=burst.tenant_ids, scheduled_for=burst.instant)
+
+
+def _wait_materialized(burst: _Burst, timeout_s: float) -> datetime:
+    """When every occurrence of the burst was stored; raises after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if _burst_occurrences(burst).count() >= burst.schedules:
+            return timezone.now()
+        time.sleep(0.25)
+    raise RuntimeError("materialization did not finish in time")
+
+
+def _wait_delivered(burst: _Burst, consumer: _Consumer, deadline: datetime) -> None:
+    """Until every occurrence is enqueued and has reached the consumer, or `deadline`."""
+    enqueued = _burst_occurrences(burst).filter(enqueued_at__isnull=False)
+    while timezone.now() < deadline:
+        if enqueued.count() >= burst.schedules and len(consumer.arrivals) >= burst.schedules:
+            break
+        time.sleep(0.5)
+    time.sleep(1.0)  # let late duplicates, if any, arrive
+
+
 # -- the benchmark -------------------------------------------------------------------------
 
 
@@ -262,186 +389,141 @@ def bench_burst(
     extra_active: int = 0,
     lead_s: float = 60.0,
     timeout_s: float = 120.0,
-    log: Any = None,
+    log: Callable[[str], object] | None = None,
 ) -> BurstReport:
     say = log or (lambda message: None)
     prefix = f"tick-bench-{uuid.uuid4().hex[:8]}"
     broker_url = settings.CELERY_BROKER_URL
-    tenant_ids = [tenant_create(slug=f"bench-{prefix[-8:]}-{i}").id for i in range(tenants)]
-    # The benchmark measures Tick's capacity, not a tenant's quota: lift the rate quotas.
-    Tenant.objects.filter(id__in=tenant_ids).update(
-        trigger_rate_per_s=10_000_000, catchup_rate_per_s=10_000_000
-    )
-    big, small = tenant_ids[0], tenant_ids[1:]
-    # One tenant owns 90 %; the rest share 10 %.
-    weights = [9 * max(1, len(small))] + [1] * len(small) if small else [1]
-    precision = "FLEXIBLE" if flexible_window_s else "STRICT"
+    tenant_ids = _bench_tenants(prefix, tenants)
+    weights = _owner_weights(tenant_ids)
     procs: dict[str, subprocess.Popen[bytes]] = {}
     consumer = _Consumer(broker_url, all_queue_names(prefix, settings.TICK_TENANT_PARTITIONS))
     try:
         if extra_active:
-            say(f"loading {extra_active:,} extra active schedules (due next year)…")
-            _copy_schedules(
-                tenant_ids, weights, extra_active, expression="0 0 1 1 *",
-                next_run_at=datetime(timezone.now().year + 1, 1, 1, tzinfo=UTC),
-                precision="STRICT", window_s=0,
-            )  # fmt: skip
+            _load_extra_active(tenant_ids, weights, extra_active, say)
         now = timezone.now()
-        instant = (now + timedelta(seconds=lead_s)).replace(second=0, microsecond=0)
-        if instant < now + timedelta(seconds=lead_s):
-            instant += timedelta(minutes=1)
-        say(f"loading {schedules:,} schedules due at {instant.isoformat()}…")
-        _copy_schedules(
-            tenant_ids, weights, schedules,
-            expression=f"{instant.minute} {instant.hour} {instant.day} {instant.month} *",
-            next_run_at=instant, precision=precision, window_s=flexible_window_s,
-        )  # fmt: skip
-        with connection.cursor() as cursor:
-            cursor.execute("ANALYZE schedules_schedule")
-        declarer = _publisher(broker_url, prefix)
-        declarer.connect()  # declares the topology the relay will publish to
-        declarer.close()
+        burst = _Burst(
+            tenant_ids=tenant_ids,
+            instant=_burst_instant(now, lead_s),
+            schedules=schedules,
+            precision=(
+                Schedule.Precision.FLEXIBLE if flexible_window_s else Schedule.Precision.STRICT
+            ),
+            flexible_window_s=flexible_window_s,
+            extra_active=extra_active,
+        )
+        _load_due(burst, weights, say)
+        _declare_topology(broker_url, prefix)
         consumer.start()
         consumer.ready.wait(10)
-        env = {**os.environ, "TICK_QUEUE_PREFIX": prefix, "PYTHONUNBUFFERED": "1"}
         logs = Path(tempfile.mkdtemp(prefix="tick-bench-"))
         say(f"process logs in {logs}")
         services_before = _services_cpu()
         started_at = timezone.now()
-        for kind in ("materialize", "relay"):
-            procs[kind] = subprocess.Popen(  # noqa: S603 - fixed argv: this interpreter, manage.py
-                [sys.executable, "manage.py", kind], cwd=ROOT, env=env,
-                stdout=subprocess.DEVNULL, stderr=(logs / f"{kind}.log").open("wb"),
-            )  # fmt: skip
-        say(f"materializer and relay started; instant in {(instant - now).total_seconds():.0f} s")
-        materialized_at = _wait_materialized(tenant_ids, schedules, instant, timeout_s + lead_s)
-        materialize_s = (materialized_at - started_at).total_seconds()
-        deadline = instant + timedelta(seconds=timeout_s + flexible_window_s)
-        while timezone.now() < deadline:
-            if _enqueued(tenant_ids, instant) >= schedules and len(consumer.arrivals) >= schedules:
-                break
-            time.sleep(0.5)
-        time.sleep(1.0)  # let late duplicates, if any, arrive
-        cpu = {kind: _proc_cpu_s(p.pid) for kind, p in procs.items()}
-        rss = {kind: _proc_peak_rss_mb(p.pid) for kind, p in procs.items()}
-        services_after = _services_cpu()
-        for name, before in services_before.items():
-            cpu[name] = services_after[name] - before
-        cpu["bench+consumer"] = _proc_cpu_s(os.getpid())
-        rss["bench+consumer"] = _proc_peak_rss_mb(os.getpid())
+        _start_pipeline(prefix, logs, procs)
+        say(
+            "materializer and relay started; "
+            f"instant in {(burst.instant - now).total_seconds():.0f} s"
+        )
+        materialized_at = _wait_materialized(burst, timeout_s + lead_s)
+        _wait_delivered(
+            burst, consumer, burst.instant + timedelta(seconds=timeout_s + flexible_window_s)
+        )
+        cpu, rss = _resource_usage(procs, services_before)
         return _report(
-            tenant_ids, big, instant, schedules, precision, flexible_window_s, extra_active,
-            consumer, materialized_at < instant, materialize_s, cpu, rss,
+            burst, consumer.arrivals, materialized_before_instant=materialized_at < burst.instant,
+            materialize_s=(materialized_at - started_at).total_seconds(), cpu=cpu, rss=rss,
         )  # fmt: skip
     finally:
-        for proc in procs.values():
-            proc.send_signal(signal.SIGTERM)
-        for proc in procs.values():
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        consumer.stop.set()
-        if consumer.is_alive():
-            consumer.join(5)
+        _stop_pipeline(procs)
+        _stop_consumer(consumer)
         say("cleaning up…")
         _cleanup(tenant_ids)
-        cleaner = _publisher(broker_url, prefix)
-        cleaner.delete_topology()
-        cleaner.close()
+        _delete_topology(broker_url, prefix)
 
 
-def _wait_materialized(
-    tenant_ids: list[uuid.UUID], count: int, instant: datetime, timeout_s: float
-) -> datetime:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT count(*) FROM occurrences_occurrence "
-                "WHERE tenant_id = ANY(%s) AND scheduled_for = %s",
-                [tenant_ids, instant],
-            )
-            row = cursor.fetchone()
-        if row and row[0] >= count:
-            return timezone.now()
-        time.sleep(0.25)
-    raise RuntimeError("materialization did not finish in time")
+# -- the report ----------------------------------------------------------------------------
 
 
-def _enqueued(tenant_ids: list[uuid.UUID], instant: datetime) -> int:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*) FROM occurrences_occurrence WHERE tenant_id = ANY(%s) "
-            "AND scheduled_for = %s AND enqueued_at IS NOT NULL",
-            [tenant_ids, instant],
-        )
-        row = cursor.fetchone()
-    return int(row[0]) if row else 0
+@dataclass
+class _Lags:
+    """Seconds from each enqueued occurrence's reference instant to its enqueue."""
+
+    last_enqueued: datetime  # the latest enqueue; the instant while there is none
+    overall: list[float] = field(default_factory=list)
+    by_tenant: dict[uuid.UUID, list[float]] = field(default_factory=dict)
+    at_consumer: list[float] = field(default_factory=list)  # to its first arrival instead
+    early: int = 0
+
+
+_Row = tuple[str, uuid.UUID, datetime, datetime, datetime | None]
+
+
+def _occurrence_rows(burst: _Burst) -> list[_Row]:
+    """(id as text, tenant, scheduled_for, available_at, enqueued_at) of the burst."""
+    rows = _burst_occurrences(burst).values_list(
+        "id", "tenant_id", "scheduled_for", "available_at", "enqueued_at"
+    )
+    return [
+        (str(occ_id), tenant_id, scheduled_for, available_at, enqueued_at)
+        for occ_id, tenant_id, scheduled_for, available_at, enqueued_at in rows
+    ]
+
+
+def _measure_lags(burst: _Burst, rows: list[_Row], arrivals: dict[str, list[float]]) -> _Lags:
+    """Lags from `available_at` (flexible) or `scheduled_for` (strict); unenqueued skipped."""
+    lags = _Lags(last_enqueued=burst.instant)
+    flexible = burst.precision == Schedule.Precision.FLEXIBLE
+    for occ_id, tenant_id, scheduled_for, available_at, enqueued_at in rows:
+        reference = available_at if flexible else scheduled_for
+        if enqueued_at is None:
+            continue
+        lag = (enqueued_at - reference).total_seconds()
+        lags.early += lag < 0
+        lags.overall.append(lag)
+        lags.by_tenant.setdefault(tenant_id, []).append(lag)
+        lags.last_enqueued = max(lags.last_enqueued, enqueued_at)
+        if arrivals.get(occ_id):
+            lags.at_consumer.append(min(arrivals[occ_id]) - reference.timestamp())
+    return lags
 
 
 def _report(
-    tenant_ids: list[uuid.UUID],
-    big: uuid.UUID,
-    instant: datetime,
-    schedules: int,
-    precision: str,
-    window_s: int,
-    extra_active: int,
-    consumer: _Consumer,
-    before_instant: bool,
+    burst: _Burst,
+    arrivals: dict[str, list[float]],
+    *,
+    materialized_before_instant: bool,
     materialize_s: float,
     cpu: dict[str, float],
     rss: dict[str, float],
 ) -> BurstReport:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT id::text, tenant_id, scheduled_for, available_at, enqueued_at "
-            "FROM occurrences_occurrence WHERE tenant_id = ANY(%s) AND scheduled_for = %s",
-            [tenant_ids, instant],
-        )
-        rows = cursor.fetchall()
-    lags: list[float] = []
-    by_tenant: dict[uuid.UUID, list[float]] = {}
-    consumer_lags: list[float] = []
-    early = 0
-    last_enqueued = instant
-    for occ_id, tenant_id, scheduled_for, available_at, enqueued_at in rows:
-        reference = available_at if precision == "FLEXIBLE" else scheduled_for
-        if enqueued_at is None:
-            continue
-        lag = (enqueued_at - reference).total_seconds()
-        early += lag < 0
-        lags.append(lag)
-        by_tenant.setdefault(tenant_id, []).append(lag)
-        last_enqueued = max(last_enqueued, enqueued_at)
-        arrivals = consumer.arrivals.get(occ_id)
-        if arrivals:
-            consumer_lags.append(min(arrivals) - reference.timestamp())
-    small = [lag for tenant, values in by_tenant.items() if tenant != big for lag in values]
+    rows = _occurrence_rows(burst)
+    lags = _measure_lags(burst, rows, arrivals)
+    big = burst.tenant_ids[0]
+    small = [lag for tenant, values in lags.by_tenant.items() if tenant != big for lag in values]
     spread = [(a - s).total_seconds() for _, _, s, a, _ in rows]  # available_at - scheduled_for
     stored = {row[0] for row in rows}
-    duplicates = sum(len(v) - 1 for k, v in consumer.arrivals.items() if k in stored)
-    window = max((last_enqueued - instant).total_seconds(), 1e-3)
+    duplicates = sum(len(v) - 1 for k, v in arrivals.items() if k in stored)
+    window = max((lags.last_enqueued - burst.instant).total_seconds(), 1e-3)
     return BurstReport(
-        schedules=schedules,
-        tenants=len(tenant_ids),
-        precision=precision,
-        flexible_window_s=window_s,
-        extra_active=extra_active,
-        materialized_before_instant=before_instant,
-        p50_s=round(statistics.median(lags), 3) if lags else float("nan"),
-        p95_s=round(_quantile(lags, 0.95), 3),
-        p99_s=round(_quantile(lags, 0.99), 3),
-        max_s=round(max(lags), 3) if lags else float("nan"),
-        consumer_p99_s=round(_quantile(consumer_lags, 0.99), 3),
-        missing=schedules - len(lags),
-        consumer_missing=schedules - sum(1 for k in stored if k in consumer.arrivals),
+        schedules=burst.schedules,
+        tenants=len(burst.tenant_ids),
+        precision=str(burst.precision),
+        flexible_window_s=burst.flexible_window_s,
+        extra_active=burst.extra_active,
+        materialized_before_instant=materialized_before_instant,
+        p50_s=round(statistics.median(lags.overall), 3) if lags.overall else float("nan"),
+        p95_s=round(_quantile(lags.overall, 0.95), 3),
+        p99_s=round(_quantile(lags.overall, 0.99), 3),
+        max_s=round(max(lags.overall), 3) if lags.overall else float("nan"),
+        consumer_p99_s=round(_quantile(lags.at_consumer, 0.99), 3),
+        missing=burst.schedules - len(lags.overall),
+        consumer_missing=burst.schedules - sum(1 for k in stored if k in arrivals),
         duplicates=duplicates,
-        early=early,
-        throughput_per_s=round(len(lags) / window, 1),
+        early=lags.early,
+        throughput_per_s=round(len(lags.overall) / window, 1),
         small_tenants_p99_s=round(_quantile(small, 0.99), 3),
-        big_tenant_p99_s=round(_quantile(by_tenant.get(big, []), 0.99), 3),
+        big_tenant_p99_s=round(_quantile(lags.by_tenant.get(big, []), 0.99), 3),
         spread_s=round(max(spread) - min(spread), 1) if spread else 0.0,
         materialize_s=round(materialize_s, 2),
         cpu={k: round(v, 2) for k, v in cpu.items()},

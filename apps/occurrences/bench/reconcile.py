@@ -20,20 +20,20 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from django.conf import settings
 from django.db import connection
 
 from apps.occurrences.audit.reconcile import expected_cron_instants
-from apps.occurrences.models import occurrence_id_for
+from apps.occurrences.bench.fixtures import ScheduleBatch, copy_into, copy_line
+from apps.occurrences.models import Lane, Occurrence, occurrence_id_for
 from apps.occurrences.pipeline.partitions import (
     PARTITIONED_TABLES,
     partition_name,
     partitions_ensure,
 )
-from apps.schedules.models import shard_for
+from apps.schedules.models import Schedule
 from apps.tenants.services import tenant_create
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DAY = datetime(2020, 1, 6, tzinfo=UTC)
 
 
@@ -60,58 +60,100 @@ def _rule(n: int) -> tuple[str, str]:
     return f"{n % 30}/30 * * * *", zone
 
 
+OCCURRENCE_COPY = (
+    "COPY occurrences_occurrence (id, scheduled_for, schedule_id, schedule_version, tenant_id, "
+    "lane, state, available_at, enqueued_at, attempt_count, created_at, finished_at) FROM STDIN"
+)
+
+
+def _definition(expression: str, zone: str) -> str:
+    return json.dumps(
+        {"kind": Schedule.Kind.CRON, "expression": expression, "time_zone": zone,
+         "dst_gap": Schedule.DstGap.SKIP, "dst_fold": Schedule.DstFold.FIRST}
+    )  # fmt: skip
+
+
+def _write_succeeded_day(
+    out: io.StringIO, schedule_id: uuid.UUID, tenant_id: uuid.UUID, expression: str, zone: str
+) -> int:
+    """COPY text of the rule's SUCCEEDED occurrences on DAY; returns how many."""
+    instants = expected_cron_instants(
+        expression, zone, Schedule.DstGap.SKIP, Schedule.DstFold.FIRST, DAY,
+        DAY + timedelta(days=1),
+    )  # fmt: skip
+    for at in instants:
+        text = at.isoformat()
+        out.write(
+            copy_line(
+                occurrence_id_for(schedule_id, 1, at), text, schedule_id, 1, tenant_id,
+                Lane.STRICT, Occurrence.State.SUCCEEDED, text, text, 1, text, text,
+            )
+        )  # fmt: skip
+    return len(instants)
+
+
 def _write(tenant_id: uuid.UUID, count: int) -> int:
     valid_from = DAY - timedelta(days=1)
     # The materializer's frontier lies past the audited day and in the future: these
     # schedules are up to date (the audit's stalled-materializer class judges `now`).
     next_run_at = max(DAY + timedelta(days=2), datetime.now(UTC) + timedelta(days=1))
-    lo, hi = DAY, DAY + timedelta(days=1)
     occurrences = 0
     chunk = 20_000
     with connection.cursor() as cursor:
-        raw = cursor.cursor  # psycopg's cursor: COPY is its own protocol
         for start in range(0, count, chunk):
-            schedules, versions, occs = io.StringIO(), io.StringIO(), io.StringIO()
+            batch, occs = ScheduleBatch(), io.StringIO()
             for n in range(start, min(count, start + chunk)):
                 sid = uuid.uuid4()
                 expression, zone = _rule(n)
-                definition = json.dumps({"kind": "CRON", "expression": expression,
-                                         "time_zone": zone, "dst_gap": "skip",
-                                         "dst_fold": "first"})  # fmt: skip
-                shard = shard_for(sid, settings.TICK_SHARDS)
-                schedules.write(
-                    f"{sid}\t{tenant_id}\tbench\tCRON\t{expression}\t{zone}\tskip\tfirst\t"
-                    f"STRICT\t0\tFIRE_ONCE\t60\t0\tALLOW\trecord\t{{}}\t1\tACTIVE\t"
-                    f"{next_run_at.isoformat()}\t{shard}\t"
-                    f"{valid_from.isoformat()}\t{valid_from.isoformat()}\n"
-                )
-                versions.write(f"{sid}\t{tenant_id}\t1\t{definition}\t{valid_from.isoformat()}\n")
-                for at in expected_cron_instants(expression, zone, "skip", "first", lo, hi):
-                    text = at.isoformat()
-                    occs.write(
-                        f"{occurrence_id_for(sid, 1, at)}\t{text}\t{sid}\t1\t{tenant_id}\t"
-                        f"strict\tSUCCEEDED\t{text}\t{text}\t1\t{text}\t{text}\n"
-                    )
-                    occurrences += 1
-            with raw.copy(
-                "COPY schedules_schedule (id, tenant_id, name, kind, expression, time_zone, "
-                "dst_gap, dst_fold, precision, flexible_window_s, misfire_policy, "
-                "max_lateness_s, catchup_limit, overlap_policy, handler, payload, version, "
-                "state, next_run_at, shard, created_at, updated_at) FROM STDIN"
-            ) as copy:
-                copy.write(schedules.getvalue())
-            with raw.copy(
-                "COPY schedules_scheduleversion (schedule_id, tenant_id, version, definition, "
-                "valid_from) FROM STDIN"
-            ) as copy:
-                copy.write(versions.getvalue())
-            with raw.copy(
-                "COPY occurrences_occurrence (id, scheduled_for, schedule_id, schedule_version, "
-                "tenant_id, lane, state, available_at, enqueued_at, attempt_count, created_at, "
-                "finished_at) FROM STDIN"
-            ) as copy:
-                copy.write(occs.getvalue())
+                batch.add_schedule(
+                    sid, tenant_id, expression=expression, time_zone=zone,
+                    precision=Schedule.Precision.STRICT, flexible_window_s=0,
+                    next_run_at=next_run_at, created_at=valid_from,
+                    definition=_definition(expression, zone),
+                )  # fmt: skip
+                occurrences += _write_succeeded_day(occs, sid, tenant_id, expression, zone)
+            batch.copy(cursor)
+            copy_into(cursor, OCCURRENCE_COPY, occs.getvalue())
     return occurrences
+
+
+def _run_reconcile(slug: str) -> dict[str, Any]:
+    """`manage.py reconcile --json` over DAY for the bench tenant, in a child process."""
+    child = subprocess.run(  # noqa: S603 - our own manage.py with fixed arguments
+        [
+            sys.executable,
+            str(ROOT / "manage.py"),
+            "reconcile",
+            "--tenant",
+            slug,
+            "--from",
+            DAY.isoformat(),
+            "--to",
+            (DAY + timedelta(days=1)).isoformat(),
+            "--json",
+        ],  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if not child.stdout.strip().startswith("{"):
+        raise RuntimeError(f"reconcile failed: {child.stderr[-2000:]}")
+    data: dict[str, Any] = json.loads(child.stdout)
+    return data
+
+
+def _remove(tenant_id: uuid.UUID, *, drop_partitions: bool) -> None:
+    """Delete everything the bench wrote; drop DAY's partitions if the bench created them."""
+    with connection.cursor() as cursor:
+        for table in ("schedules_scheduleversion", "schedules_scheduleevent",
+                      "schedules_schedule"):  # fmt: skip
+            cursor.execute(f"DELETE FROM {table} WHERE tenant_id = %s", [tenant_id])  # noqa: S608
+        if drop_partitions:
+            for table in PARTITIONED_TABLES:
+                cursor.execute(f'DROP TABLE IF EXISTS "{partition_name(table, DAY.date())}"')
+        else:
+            cursor.execute("DELETE FROM occurrences_occurrence WHERE tenant_id = %s", [tenant_id])
+        cursor.execute("DELETE FROM tenants_tenant WHERE id = %s", [tenant_id])
 
 
 def bench_reconcile(*, schedules: int) -> ReconcileBench:
@@ -125,26 +167,7 @@ def bench_reconcile(*, schedules: int) -> ReconcileBench:
             cursor.execute("ANALYZE schedules_schedule")
             cursor.execute(f'ANALYZE "{partition_name("occurrences_occurrence", DAY.date())}"')
         setup_s = time.perf_counter() - started
-        child = subprocess.run(  # noqa: S603 - our own manage.py with fixed arguments
-            [
-                sys.executable,
-                str(ROOT / "manage.py"),
-                "reconcile",
-                "--tenant",
-                slug,
-                "--from",
-                DAY.isoformat(),
-                "--to",
-                (DAY + timedelta(days=1)).isoformat(),
-                "--json",
-            ],  # fmt: skip
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if not child.stdout.strip().startswith("{"):
-            raise RuntimeError(f"reconcile failed: {child.stderr[-2000:]}")
-        data: dict[str, Any] = json.loads(child.stdout)
+        data = _run_reconcile(slug)
         elapsed = float(data["elapsed_s"])
         return ReconcileBench(
             schedules=data["schedules"],
@@ -158,18 +181,7 @@ def bench_reconcile(*, schedules: int) -> ReconcileBench:
             counts=data["counts"],
         )
     finally:
-        with connection.cursor() as cursor:
-            for table in ("schedules_scheduleversion", "schedules_scheduleevent",
-                          "schedules_schedule"):  # fmt: skip
-                cursor.execute(f"DELETE FROM {table} WHERE tenant_id = %s", [tenant.id])  # noqa: S608
-            if created:
-                for table in PARTITIONED_TABLES:
-                    cursor.execute(f'DROP TABLE IF EXISTS "{partition_name(table, DAY.date())}"')
-            else:
-                cursor.execute(
-                    "DELETE FROM occurrences_occurrence WHERE tenant_id = %s", [tenant.id]
-                )
-            cursor.execute("DELETE FROM tenants_tenant WHERE id = %s", [tenant.id])
+        _remove(tenant.id, drop_partitions=bool(created))
 
 
 def report_json(report: ReconcileBench) -> str:

@@ -9,9 +9,16 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from typing import TypeVar
 
 from apps.schedules import timerules
+from apps.schedules.models import Schedule
+
+# (expression, time_zone, dst_gap, dst_fold, after): what NextFireCache's batch calls take.
+_CacheItem = tuple[str, str, str, str, datetime]
+_Result = TypeVar("_Result")
 
 # Realistic rules and zones: most schedules use a handful of popular rules in popular zones.
 _EXPRESSIONS = (
@@ -51,6 +58,98 @@ def _rules(distinct_rules: int, rng: random.Random) -> list[tuple[str, str]]:
     return pairs[:distinct_rules]
 
 
+def _uncached_us_per_call(
+    rules: list[tuple[str, str]], afters: list[datetime], calls: int, count: int
+) -> float:
+    """µs per ``next_fire_times(…, count)`` call, cycling through the rules and ``afters``."""
+    started = time.perf_counter()
+    for i in range(calls):
+        expression, zone = rules[i % len(rules)]
+        timerules.next_fire_times(expression, zone, afters[i % len(afters)], count)
+    return (time.perf_counter() - started) / calls * 1e6
+
+
+def _uncached_figures(
+    rules: list[tuple[str, str]], base: datetime, calls: int, rng: random.Random
+) -> tuple[float, float]:
+    """µs per uncached call for ``count=1`` (``calls`` calls) and ``count=10`` (a fifth)."""
+    afters = [base + timedelta(minutes=rng.randrange(0, 60 * 24 * 365)) for _ in range(997)]
+    for expression, zone in rules:  # warm the compiled-rule and zone caches
+        timerules.next_fire_times(expression, zone, base, 1)
+    return (
+        _uncached_us_per_call(rules, afters, calls, 1),
+        _uncached_us_per_call(rules, afters, max(1, calls // 5), 10),
+    )
+
+
+def _cache_items(
+    rules: list[tuple[str, str]],
+    schedules: int,
+    rng: random.Random,
+    pick_after: Callable[[], datetime],
+) -> list[_CacheItem]:
+    """``schedules`` cache items, each a random rule with the ``after`` that ``pick_after`` gives.
+
+    Item by item the rule is drawn first, then the ``after``: the same seed gives the same
+    items, hence the same evaluation counts, from run to run.
+    """
+    items: list[_CacheItem] = []
+    for _ in range(schedules):
+        expression, zone = rules[rng.randrange(len(rules))]
+        items.append((expression, zone, Schedule.DstGap.SKIP, Schedule.DstFold.FIRST, pick_after()))
+    return items
+
+
+def _on_cold_cache(
+    run: Callable[[timerules.NextFireCache], _Result],
+) -> tuple[float, int, _Result]:
+    """Seconds ``run`` takes on a fresh cache, the rule evaluations it caused, its result."""
+    cache = timerules.NextFireCache(maxsize=200_000)
+    started = time.perf_counter()
+    result = run(cache)
+    return time.perf_counter() - started, cache.stats().evaluations, result
+
+
+def _memoised_figures(
+    rules: list[tuple[str, str]],
+    base: datetime,
+    schedules: int,
+    distinct_afters: int,
+    rng: random.Random,
+) -> dict[str, object]:
+    """The ``memoised_*`` figures: seconds and rule evaluations of three cold-cache batches."""
+    # Memoised, same `after` for everybody (e.g. the materializer at the top of the hour).
+    items_same = _cache_items(rules, schedules, rng, lambda: base)
+    same_s, same_evaluations, nexts = _on_cold_cache(
+        lambda cache: cache.next_after_many(items_same)
+    )
+    assert len(nexts) == schedules
+
+    # Memoised, `after` spread over `distinct_afters` minute boundaries.
+    spread = [base + timedelta(minutes=i) for i in range(distinct_afters)]
+    items_spread = _cache_items(
+        rules, schedules, rng, lambda: spread[rng.randrange(distinct_afters)]
+    )
+    spread_s, spread_evaluations, _ = _on_cold_cache(
+        lambda cache: cache.next_after_many(items_spread)
+    )
+
+    # Memoised range path (materializer window of 10 minutes, at most 1000 per schedule).
+    until = base + timedelta(minutes=10)
+    window_s, window_evaluations, _ = _on_cold_cache(
+        lambda cache: cache.fire_times_many(items_same, until, limit=1000)
+    )
+
+    return {
+        "memoised_same_after_s": round(same_s, 3),
+        "memoised_same_after_evaluations": same_evaluations,
+        "memoised_spread_after_s": round(spread_s, 3),
+        "memoised_spread_after_evaluations": spread_evaluations,
+        "memoised_window_10min_s": round(window_s, 3),
+        "memoised_window_10min_evaluations": window_evaluations,
+    }
+
+
 def bench_timerules(
     schedules: int = 500_000,
     distinct_rules: int = 50,
@@ -74,53 +173,7 @@ def bench_timerules(
     rules = _rules(distinct_rules, rng)
     base = datetime(2026, 3, 8, 6, 0, tzinfo=UTC)  # NY spring-forward night: DST paths too
 
-    # Uncached: one evaluation per call.
-    afters = [base + timedelta(minutes=rng.randrange(0, 60 * 24 * 365)) for _ in range(997)]
-    for expression, zone in rules:  # warm the compiled-rule and zone caches
-        timerules.next_fire_times(expression, zone, base, 1)
-    started = time.perf_counter()
-    for i in range(uncached_calls):
-        expression, zone = rules[i % len(rules)]
-        timerules.next_fire_times(expression, zone, afters[i % len(afters)], 1)
-    uncached_us = (time.perf_counter() - started) / uncached_calls * 1e6
-    calls10 = max(1, uncached_calls // 5)
-    started = time.perf_counter()
-    for i in range(calls10):
-        expression, zone = rules[i % len(rules)]
-        timerules.next_fire_times(expression, zone, afters[i % len(afters)], 10)
-    uncached_us_10 = (time.perf_counter() - started) / calls10 * 1e6
-
-    # Memoised, same `after` for everybody (e.g. the materializer at the top of the hour).
-    items_same = [
-        (expression, zone, "skip", "first", base)
-        for expression, zone in (rules[rng.randrange(len(rules))] for _ in range(schedules))
-    ]
-    cache = timerules.NextFireCache(maxsize=200_000)
-    started = time.perf_counter()
-    nexts = cache.next_after_many(items_same)
-    same_s = time.perf_counter() - started
-    same_stats = cache.stats()
-    assert len(nexts) == schedules
-
-    # Memoised, `after` spread over `distinct_afters` minute boundaries.
-    spread = [base + timedelta(minutes=i) for i in range(distinct_afters)]
-    items_spread = [
-        (expression, zone, "skip", "first", spread[rng.randrange(distinct_afters)])
-        for expression, zone in (rules[rng.randrange(len(rules))] for _ in range(schedules))
-    ]
-    cache = timerules.NextFireCache(maxsize=200_000)
-    started = time.perf_counter()
-    cache.next_after_many(items_spread)
-    spread_s = time.perf_counter() - started
-    spread_stats = cache.stats()
-
-    # Memoised range path (materializer window of 10 minutes, at most 1000 per schedule).
-    until = base + timedelta(minutes=10)
-    cache = timerules.NextFireCache(maxsize=200_000)
-    started = time.perf_counter()
-    cache.fire_times_many(items_same, until, limit=1000)
-    window_s = time.perf_counter() - started
-    window_stats = cache.stats()
+    uncached_us, uncached_us_10 = _uncached_figures(rules, base, uncached_calls, rng)
 
     return {
         "schedules": schedules,
@@ -129,12 +182,7 @@ def bench_timerules(
         "uncached_calls": uncached_calls,
         "uncached_us_per_call": round(uncached_us, 1),
         "uncached_us_per_call_10": round(uncached_us_10, 1),
-        "memoised_same_after_s": round(same_s, 3),
-        "memoised_same_after_evaluations": same_stats.evaluations,
-        "memoised_spread_after_s": round(spread_s, 3),
-        "memoised_spread_after_evaluations": spread_stats.evaluations,
-        "memoised_window_10min_s": round(window_s, 3),
-        "memoised_window_10min_evaluations": window_stats.evaluations,
+        **_memoised_figures(rules, base, schedules, distinct_afters, rng),
     }
 
 
