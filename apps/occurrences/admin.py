@@ -11,7 +11,7 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from apps.occurrences.execution.attempts import occurrences_replay
+from apps.occurrences.execution.replay import occurrences_replay
 from apps.occurrences.models import Attempt, DispatchOutbox, Occurrence, ShardLease
 from apps.tenants.models import Tenant
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from django import forms
 
-from apps.occurrences.execution.handlers import handler_names
+from apps.occurrences.execution.registry import handler_names
 from apps.schedules.models import Schedule
 from apps.schedules.serializers import (
     ScheduleCreateSerializer,

@@ -11,8 +11,8 @@ from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from apps.occurrences.execution.handlers import handler_names
-from apps.occurrences.execution.webhook import WebhookPayloadError, validate_webhook_payload
+from apps.occurrences.execution.handlers import PayloadError
+from apps.occurrences.execution.registry import handler_names, handler_spec
 from apps.schedules import timerules
 from apps.schedules.models import Schedule
 from apps.schedules.services import ScheduleSpec
@@ -136,15 +136,16 @@ class ScheduleCreateSerializer(serializers.Serializer[Any]):
             raise serializers.ValidationError(
                 {"flexible_window_s": ["A flexible schedule needs a window of 1 to 300 s."]}
             )
-        if attrs["handler"] == "webhook":
-            # Shape, scheme and literal-address checks now; the connect-time SSRF guard still
-            # resolves and checks every address at each run.
-            try:
-                validate_webhook_payload(attrs["payload"])
-            except WebhookPayloadError as err:
-                raise serializers.ValidationError(
-                    {"payload": [f"{err.field}: {err.message}"]}
-                ) from None
+        # Each handler's own payload rules (execution/registry.py); validate_handler has
+        # already refused a name that is not there.
+        spec = handler_spec(attrs["handler"])
+        try:
+            if spec is not None:
+                spec.validate_payload(attrs["payload"])
+        except PayloadError as err:
+            raise serializers.ValidationError(
+                {"payload": [f"{err.field}: {err.message}"]}
+            ) from None
         return attrs
 
     def to_spec(self) -> ScheduleSpec:

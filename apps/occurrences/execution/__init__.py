@@ -1,0 +1,19 @@
+"""The worker side of an occurrence (docs/decisions.md "Execution"). Read in this order:
+
+run.py        claim → handler → complete, for one occurrence (tasks.py calls it)
+claim.py      step 1: lock, re-check, overlap policy, tenant quota, open the attempt
+heartbeat.py  step 2: renew the lease while the handler runs; notice cancel or a lost lease
+complete.py   step 3: record the result under the lease; retry, DEAD, wake a WAITING one
+reaper.py     step 4: take back attempts whose lease expired
+replay.py     step 5: DEAD → RETRY_WAIT again, same id (dead-letter view)
+cancel.py     cancel one occurrence, at once or cooperatively
+locks.py      advisory locks, their order, the overlap lookback
+requeue.py    one occurrence back through the outbox's retry lane
+registry.py   every handler by name, with its payload validator
+handlers.py   the handler contract (context, errors) and the demo handlers
+webhook.py, ssrf.py  the webhook handler and its connect-time guard
+tasks.py, worker_consumer.py  the Celery entry points
+
+Each module's docstring holds its part of the lock story; every step may run concurrently
+with itself.
+"""

@@ -1,5 +1,6 @@
-"""Handlers are registered by name and deployed with Tick; tenants choose one by name.
+"""The handler contract: what a handler receives, what it may raise, and how errors count.
 
+Handlers are deployed with Tick and listed by name in registry.py; tenants choose one by name.
 A handler receives a `HandlerContext` and must be idempotent on `occurrence_id`: delivery is
 at least once, so the same occurrence can run again after a crash.
 
@@ -7,7 +8,9 @@ Errors are classified by `classify_error`: `PermanentError` and validation error
 occurrence DEAD; `TransientError`, connection errors, timeouts and anything unexpected are
 retried (bounded by max attempts, the occurrence deadline and the tenant retry budget).
 A handler that sees `ctx.cancel_requested` set should stop and raise `Canceled`.
-Built-ins: `noop`, `record` (demo/test) and `webhook` (apps/occurrences/execution/webhook.py).
+A payload that does not suit the handler raises `PayloadError` (the registry's validators raise
+it at schedule create/update; at run time it is permanent like any `PermanentError`).
+Built-ins: `noop`, `record` (demo/test, below) and `webhook` (webhook.py).
 """
 
 from __future__ import annotations
@@ -29,6 +32,16 @@ from django.utils import timezone
 class PermanentError(Exception):
     """Raised by a handler when retrying cannot help (bad payload, 4xx): the occurrence goes
     DEAD at once. Any other exception is treated as transient and retried."""
+
+
+class PayloadError(PermanentError):
+    """The payload does not suit its handler: `field` names the offending key ("payload" for
+    the payload as a whole); the API answers it as `{"payload": ["<field>: <message>"]}`."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
 
 
 class TransientError(Exception):
@@ -65,33 +78,12 @@ class HandlerContext:
 
 
 Handler = Callable[[HandlerContext], None]
-_registry: dict[str, Handler] = {}
 
 
-def register_handler(name: str) -> Callable[[Handler], Handler]:
-    def decorator(func: Handler) -> Handler:
-        if name in _registry and _registry[name] is not func:
-            raise ValueError(f"handler {name!r} is already registered")
-        _registry[name] = func
-        return func
-
-    return decorator
-
-
-def get_handler(name: str) -> Handler | None:
-    return _registry.get(name)
-
-
-def handler_names() -> list[str]:
-    return sorted(_registry)
-
-
-@register_handler("noop")
 def noop_handler(ctx: HandlerContext) -> None:
     """Does nothing: for demos and for measuring the delivery path itself."""
 
 
-@register_handler("record")
 def record_handler(ctx: HandlerContext) -> None:
     """Demo/test handler: records its effect once per occurrence id.
 

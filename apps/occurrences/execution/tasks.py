@@ -6,7 +6,7 @@ limit (queues.py). Duplicates and crashes are absorbed by the claim, not by the 
 
 Acknowledgement rule: a message is acknowledged only once each occurrence it carries was
 claimed (or found finished) in the database. When an outage outlasts the worker's retries
-(execution.occurrence_execute) the message is rejected with requeue, never acknowledged;
+(run.occurrence_execute) the message is rejected with requeue, never acknowledged;
 whatever the broker still loses, the reaper's backstop republishes (docs/decisions.md).
 """
 
@@ -21,7 +21,7 @@ from typing import Any
 from celery import shared_task
 from celery.exceptions import Reject
 
-from apps.occurrences.execution.attempts import occurrence_execute
+from apps.occurrences.execution.run import occurrence_execute
 from apps.occurrences.observability import metrics
 from apps.occurrences.pipeline.outages import outage_of
 from apps.occurrences.pipeline.queues import ENVELOPE_TASK_NAME, TASK_NAME

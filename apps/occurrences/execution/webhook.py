@@ -32,9 +32,9 @@ from urllib3.exceptions import SSLError as Urllib3SSLError
 
 from apps.occurrences.execution.handlers import (
     HandlerContext,
+    PayloadError,
     PermanentError,
     TransientError,
-    register_handler,
 )
 from apps.occurrences.execution.ssrf import (
     Allowlist,
@@ -54,13 +54,8 @@ MAX_HEADERS = 20
 USER_AGENT = "Tick-Webhook/1"
 
 
-class WebhookPayloadError(PermanentError):
+class WebhookPayloadError(PayloadError):
     """The webhook payload is invalid: `field` names the offending key."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
-        self.message = message
 
 
 def allowlist() -> Allowlist:
@@ -71,7 +66,8 @@ def validate_webhook_payload(payload: Any) -> None:
     """Raise WebhookPayloadError (field, message) unless `payload` is a valid webhook payload.
 
     Checks everything that needs no DNS (the connect-time guard still resolves and checks
-    every address at each run): for the schedules serializer to call at create/update.
+    every address at each run): the webhook's validator in registry.py, called by the
+    schedules serializer at create/update.
     """
     if not isinstance(payload, Mapping):
         raise WebhookPayloadError("payload", "must be an object with a 'url'")
@@ -187,6 +183,5 @@ def classify_response(status: int, snippet: bytes, location: str | None = None) 
     raise PermanentError(f"webhook answered HTTP {status}: {text}")
 
 
-@register_handler("webhook")
 def webhook_handler(ctx: HandlerContext) -> None:
     webhook_send(ctx=ctx)

@@ -10,15 +10,11 @@ from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
-from apps.occurrences.execution.attempts import (
-    ClaimStatus,
-    attempt_complete,
-    attempt_heartbeat,
-    attempts_reap,
-    occurrence_claim,
-    occurrence_execute,
-    retry_delay,
-)
+from apps.occurrences.execution.claim import ClaimStatus, occurrence_claim
+from apps.occurrences.execution.complete import attempt_complete, retry_delay
+from apps.occurrences.execution.heartbeat import attempt_heartbeat
+from apps.occurrences.execution.reaper import attempts_reap
+from apps.occurrences.execution.run import occurrence_execute
 from apps.occurrences.models import Attempt, DispatchOutbox, HandlerEffect, Lane, Occurrence
 from apps.occurrences.pipeline.materializer import materialize_pass
 from apps.occurrences.tests.helpers import leases, materialize_config

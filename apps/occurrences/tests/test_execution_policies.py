@@ -11,19 +11,14 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from apps.occurrences.execution.attempts import (
-    CancelOutcome,
-    Claim,
-    ClaimStatus,
-    attempt_complete,
-    attempt_heartbeat,
-    attempts_reap,
-    occurrence_cancel,
-    occurrence_claim,
-    occurrence_execute,
-    occurrences_replay,
-)
+from apps.occurrences.execution.cancel import CancelOutcome, occurrence_cancel
+from apps.occurrences.execution.claim import Claim, ClaimStatus, occurrence_claim
+from apps.occurrences.execution.complete import attempt_complete
 from apps.occurrences.execution.handlers import TransientError
+from apps.occurrences.execution.heartbeat import attempt_heartbeat
+from apps.occurrences.execution.reaper import attempts_reap
+from apps.occurrences.execution.replay import occurrences_replay
+from apps.occurrences.execution.run import occurrence_execute
 from apps.occurrences.models import Attempt, DispatchOutbox, Lane, Occurrence, RetryBudget
 from apps.occurrences.tests.exec_helpers import occurrence, schedule, state_of
 from apps.schedules.models import Schedule

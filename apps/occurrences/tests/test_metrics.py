@@ -13,7 +13,9 @@ from django.utils import timezone
 from prometheus_client import REGISTRY
 
 from apps.occurrences.audit.stuck import bounded_tenant_counts, stuck_scan
-from apps.occurrences.execution.attempts import attempt_complete, attempts_reap, occurrence_claim
+from apps.occurrences.execution.claim import occurrence_claim
+from apps.occurrences.execution.complete import attempt_complete
+from apps.occurrences.execution.reaper import attempts_reap
 from apps.occurrences.models import DispatchOutbox, Occurrence, ShardLease
 from apps.occurrences.observability.metrics import measure_clock_skew
 from apps.occurrences.pipeline.broker import Publisher

@@ -12,7 +12,7 @@ import pytest
 from django.utils import timezone
 from prometheus_client import REGISTRY
 
-from apps.occurrences.execution.attempts import occurrence_execute
+from apps.occurrences.execution.run import occurrence_execute
 from apps.occurrences.models import Attempt, DispatchOutbox, Lane, Occurrence, ShardLease
 from apps.occurrences.pipeline.materializer import materialize_pass
 from apps.occurrences.pipeline.queues import queue_name, tenant_partition

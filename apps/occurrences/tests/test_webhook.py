@@ -15,13 +15,9 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from apps.occurrences.execution.attempts import occurrence_execute
-from apps.occurrences.execution.handlers import (
-    HandlerContext,
-    PermanentError,
-    TransientError,
-    get_handler,
-)
+from apps.occurrences.execution.handlers import HandlerContext, PermanentError, TransientError
+from apps.occurrences.execution.registry import handler_spec
+from apps.occurrences.execution.run import occurrence_execute
 from apps.occurrences.execution.ssrf import Allowlist, SSRFRefused, address_refusal, check_url
 from apps.occurrences.execution.webhook import (
     WebhookPayloadError,
@@ -256,4 +252,4 @@ def test_valid_webhook_payload_passes_and_the_handler_is_registered():
     validate_webhook_payload(
         {"url": "https://example.com/hook", "body": [1], "headers": {"A": "b"}}
     )
-    assert get_handler("webhook") is not None and get_handler("noop") is not None
+    assert handler_spec("webhook") is not None and handler_spec("noop") is not None

@@ -1,0 +1,230 @@
+"""Complete an attempt: step 3 of the execution path (run.py calls it after the handler).
+
+Lock story of the completion — it may race the reaper, a cancel and a newer attempt of the
+same occurrence; one transaction, row locks in this order: attempt → the tenant's retry-budget
+row → occurrence → SCHEDULE advisory lock (a claim, too, holds the occurrence row before the
+schedule lock, and touches no existing attempt or budget row, so no cycle):
+a. Lock the attempt row only if it still holds the lease (same token, unfinished) — else the
+   result is stale (the reaper or a newer attempt took over): ignored and counted.
+b. Decide: SUCCEEDED; CANCELED; DEAD (permanent error, or a transient one past max attempts,
+   the occurrence deadline or the tenant's hourly retry budget — a conditional upsert, so
+   concurrent completions never overspend); RETRY_WAIT with a full-jitter retry row in the
+   outbox.
+c. The occurrence update is conditional on (RUNNING, same attempt_count); a miss rolls the
+   whole completion back as stale.
+d. A QUEUE_ONE completion then takes the SCHEDULE advisory lock — the one every claim of the
+   schedule holds at its overlap step (claim.py, b) — and wakes the oldest WAITING occurrence
+   with an outbox row due now.
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.backends.utils import CursorWrapper
+from django.utils import timezone
+
+from apps.occurrences.execution.claim import Claim
+from apps.occurrences.execution.handlers import Canceled, ErrorClass, classify_error
+from apps.occurrences.execution.locks import SCHEDULE_LOCK, advisory_lock, overlap_lookback
+from apps.occurrences.execution.requeue import OutboxTarget, requeue_through_outbox
+from apps.occurrences.models import Attempt, Occurrence
+from apps.occurrences.observability import metrics
+from apps.schedules.models import Schedule
+
+_rng = random.SystemRandom()
+
+
+@dataclass(frozen=True)
+class _Decision:
+    outcome: Attempt.Outcome
+    state: Occurrence.State
+    error_class: str = ""
+    error_message: str = ""
+    retry_at: datetime | None = None
+
+
+def attempt_complete(
+    *,
+    claim: Claim,
+    error: BaseException | None = None,
+    now: datetime | None = None,
+    rng: random.Random | None = None,
+) -> Occurrence.State | None:
+    """Record an attempt's result if it still holds its lease (module docstring, a-d);
+    returns the new state, or None when the completion was stale and ignored."""
+    assert claim.context is not None and claim.attempt_id is not None
+    now = now or timezone.now()
+    with transaction.atomic(), connection.cursor() as cursor:
+        if not _lock_leased_attempt(cursor, claim):
+            metrics.stale_completions.inc()
+            return None
+        decision = _decide(cursor, claim=claim, error=error, now=now, rng=rng or _rng)
+        if not _record(cursor, claim=claim, decision=decision, now=now):
+            metrics.stale_completions.inc()
+            transaction.set_rollback(True)
+            return None
+        if decision.retry_at is not None and decision.state == Occurrence.State.RETRY_WAIT:
+            requeue_through_outbox(cursor, _target(claim), available_at=decision.retry_at, now=now)
+            metrics.retries_scheduled.inc()
+        elif decision.state == Occurrence.State.DEAD:
+            metrics.dead_occurrences.inc()
+        elif decision.state == Occurrence.State.CANCELED:
+            metrics.cancels.inc()
+        if claim.overlap_policy == Schedule.OverlapPolicy.QUEUE_ONE:
+            _wake_waiting(cursor, claim=claim, now=now)
+    metrics.attempts_finished.labels(outcome=decision.outcome).inc()
+    return decision.state
+
+
+def _target(claim: Claim) -> OutboxTarget:
+    assert claim.context is not None
+    ctx = claim.context
+    return OutboxTarget(ctx.occurrence_id, ctx.scheduled_for, ctx.schedule_id,
+                        ctx.schedule_version, ctx.tenant_id, claim.shard)  # fmt: skip
+
+
+def _lock_leased_attempt(cursor: CursorWrapper, claim: Claim) -> bool:
+    """Step a: lock the attempt row if it still holds the lease; False = stale."""
+    assert claim.context is not None
+    cursor.execute(
+        """
+        SELECT 1 FROM occurrences_attempt
+        WHERE id = %s AND scheduled_for = %s AND lease_token = %s AND finished_at IS NULL
+        FOR UPDATE
+        """,
+        [claim.attempt_id, claim.context.scheduled_for, claim.lease_token],
+    )
+    return cursor.fetchone() is not None
+
+
+def _decide(
+    cursor: CursorWrapper,
+    *,
+    claim: Claim,
+    error: BaseException | None,
+    now: datetime,
+    rng: random.Random,
+) -> _Decision:
+    """Step b: the attempt's outcome and the occurrence's next state."""
+    assert claim.context is not None
+    if error is None:
+        return _Decision(Attempt.Outcome.SUCCEEDED, Occurrence.State.SUCCEEDED)
+    error_class, error_message = type(error).__qualname__, str(error)[:4000]
+    if isinstance(error, Canceled) or claim.context.cancel_requested.is_set():
+        outcome, state = Attempt.Outcome.CANCELED, Occurrence.State.CANCELED
+        return _Decision(outcome, state, error_class, error_message)
+    if classify_error(error) == ErrorClass.PERMANENT:
+        outcome, state = Attempt.Outcome.FAILED, Occurrence.State.DEAD
+        return _Decision(outcome, state, error_class, error_message)
+    refused, retry_at = _retry_decision(cursor, claim=claim, now=now, rng=rng)
+    if refused:
+        metrics.retries_refused.labels(reason=refused.split(" ")[0]).inc()
+        message = f"{error_message[:3900]} [not retried: {refused}]"
+        return _Decision(Attempt.Outcome.FAILED, Occurrence.State.DEAD, error_class, message)
+    outcome, state = Attempt.Outcome.RETRY, Occurrence.State.RETRY_WAIT
+    return _Decision(outcome, state, error_class, error_message, retry_at)
+
+
+def _record(cursor: CursorWrapper, *, claim: Claim, decision: _Decision, now: datetime) -> bool:
+    """Step c: write the occurrence (conditionally) and the attempt; False = stale."""
+    assert claim.context is not None
+    ctx = claim.context
+    finished_at = None if decision.state == Occurrence.State.RETRY_WAIT else now
+    cursor.execute(
+        """
+        UPDATE occurrences_occurrence SET state = %s, finished_at = %s
+        WHERE id = %s AND scheduled_for = %s AND state = %s AND attempt_count = %s
+        """,
+        [decision.state, finished_at, ctx.occurrence_id, ctx.scheduled_for,
+         Occurrence.State.RUNNING, ctx.attempt_no],
+    )  # fmt: skip
+    if cursor.rowcount != 1:
+        return False
+    cursor.execute(
+        """
+        UPDATE occurrences_attempt
+        SET finished_at = %s, outcome = %s, error_class = %s, error_message = %s
+        WHERE id = %s AND scheduled_for = %s AND lease_token = %s AND finished_at IS NULL
+        """,
+        [now, decision.outcome, decision.error_class, decision.error_message, claim.attempt_id,
+         ctx.scheduled_for, claim.lease_token],
+    )  # fmt: skip
+    return True
+
+
+def retry_delay(attempt_no: int, *, base_s: float, cap_s: float, rng: random.Random) -> float:
+    """Exponential backoff with full jitter: uniform(0, min(cap, base * 2^(n-1)))."""
+    return rng.uniform(0, min(cap_s, base_s * 2 ** (attempt_no - 1)))
+
+
+def retry_deadline(*, scheduled_for: datetime, deadline_at: datetime | None) -> datetime:
+    return deadline_at or scheduled_for + timedelta(seconds=settings.TICK_RETRY_DEADLINE_S)
+
+
+def _retry_decision(
+    cursor: CursorWrapper, *, claim: Claim, now: datetime, rng: random.Random
+) -> tuple[str, datetime | None]:
+    """('', retry instant) for a retry, or (reason, None) when a bound refuses it."""
+    assert claim.context is not None
+    ctx = claim.context
+    attempts = ctx.attempt_no - claim.attempt_base
+    if attempts >= settings.TICK_MAX_ATTEMPTS:
+        return f"attempts exhausted ({attempts} of {settings.TICK_MAX_ATTEMPTS})", None
+    delay = retry_delay(
+        attempts, base_s=settings.TICK_RETRY_BASE_S, cap_s=settings.TICK_RETRY_CAP_S, rng=rng
+    )
+    retry_at = now + timedelta(seconds=delay)
+    deadline = retry_deadline(scheduled_for=ctx.scheduled_for, deadline_at=claim.deadline_at)
+    if retry_at > deadline:
+        return f"deadline {deadline.isoformat()} passed", None
+    if not _spend_retry_budget(
+        cursor, tenant_id=ctx.tenant_id, limit=claim.retry_budget_per_hour, now=now
+    ):
+        return f"budget of {claim.retry_budget_per_hour} retries/hour spent", None
+    return "", retry_at
+
+
+def _spend_retry_budget(
+    cursor: CursorWrapper, *, tenant_id: uuid.UUID, limit: int, now: datetime
+) -> bool:
+    """Take one retry from the tenant's budget of the current UTC hour; False when spent.
+    The conditional upsert is atomic: concurrent completions never overspend."""
+    if limit <= 0:
+        return False
+    window = now.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+    cursor.execute(
+        """
+        INSERT INTO occurrences_retrybudget (tenant_id, window_start, used) VALUES (%s, %s, 1)
+        ON CONFLICT (tenant_id, window_start)
+        DO UPDATE SET used = occurrences_retrybudget.used + 1
+        WHERE occurrences_retrybudget.used < %s
+        RETURNING used
+        """,
+        [tenant_id, window, limit],
+    )
+    return cursor.fetchone() is not None
+
+
+def _wake_waiting(cursor: CursorWrapper, *, claim: Claim, now: datetime) -> None:
+    """Step d (QUEUE_ONE): the running one left RUNNING; let the WAITING one run now."""
+    assert claim.context is not None
+    ctx = claim.context
+    advisory_lock(cursor, SCHEDULE_LOCK, ctx.schedule_id)
+    cursor.execute(
+        """
+        SELECT id, scheduled_for, schedule_version FROM occurrences_occurrence
+        WHERE schedule_id = %s AND scheduled_for >= %s AND state = %s
+        ORDER BY scheduled_for LIMIT 1
+        """,
+        [ctx.schedule_id, overlap_lookback(now), Occurrence.State.WAITING],
+    )
+    row = cursor.fetchone()
+    if row is not None:
+        waiting = OutboxTarget(row[0], row[1], ctx.schedule_id, row[2], ctx.tenant_id, claim.shard)
+        requeue_through_outbox(cursor, waiting, available_at=now, now=now)

@@ -1,0 +1,42 @@
+"""Advisory locks of the execution path, and the lookback that bounds what they guard.
+
+Order: a transaction of this package that takes more than one lock takes them in the order
+attempt row → retry-budget row → occurrence row → SCHEDULE_LOCK → TENANT_LOCK, skipping those
+it does not need (claim: occurrence → schedule → tenant; completion: attempt → budget →
+occurrence → schedule; reaper: attempt → occurrence), so no cycle exists. The advisory locks
+are transaction-scoped (`pg_advisory_xact_lock`): commit or rollback frees them, and a
+crashed worker cannot leave one behind.
+- SCHEDULE_LOCK: held by every claim of a schedule with an overlap policy (claim.py) and by
+  every QUEUE_ONE completion (complete.py), so "look for a RUNNING / WAITING one, then
+  transition" is atomic per schedule.
+- TENANT_LOCK: held by every claim while it counts the tenant's open attempts (claim.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db.backends.utils import CursorWrapper
+
+# Advisory lock namespaces (first key of the two-int form); the second is H(id).
+SCHEDULE_LOCK = 6001
+TENANT_LOCK = 6002
+
+
+def lock_key(value: uuid.UUID) -> int:
+    """Stable signed 32-bit H(id) for advisory locks (blake2b, like every hash in Tick)."""
+    return int.from_bytes(hashlib.blake2b(value.bytes, digest_size=4).digest(), "big", signed=True)
+
+
+def advisory_lock(cursor: CursorWrapper, namespace: int, value: uuid.UUID) -> None:
+    """Wait for the transaction-scoped lock (namespace, H(value))."""
+    cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [namespace, lock_key(value)])
+
+
+def overlap_lookback(now: datetime) -> datetime:
+    """The oldest `scheduled_for` an overlap check under SCHEDULE_LOCK looks at: occurrences
+    are partitioned by it, so the bound keeps the scan to recent partitions."""
+    return now - timedelta(seconds=settings.TICK_OVERLAP_LOOKBACK_S)
