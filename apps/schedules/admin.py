@@ -4,9 +4,9 @@ from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html
 
+from apps.occurrences.schedule_changes import schedule_pause, schedule_resume
 from apps.schedules.errors import LifecycleError
 from apps.schedules.models import Schedule, ScheduleEvent, ScheduleVersion
-from apps.schedules.services import schedule_pause, schedule_resume
 
 
 class ScheduleVersionInline(admin.TabularInline[ScheduleVersion, Schedule]):

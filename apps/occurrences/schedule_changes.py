@@ -1,0 +1,343 @@
+"""Schedule changes that recall occurrences: update, pause, resume, cancel.
+
+Each runs in one transaction. The schedule row is locked and written through
+apps.schedules.services (versions, events); the recall of what the change invalidates
+(outbox rows, occurrences) and the receipt of what it did are done here, by the app that owns
+those rows.
+
+Update, pause and cancel share one concurrency story (`_recall`), run while the schedule row
+is locked `FOR UPDATE`:
+1. The lock serialises with the materializer, whose due scan is `FOR UPDATE SKIP LOCKED`: a
+   batch holding the row finishes first (its occurrences are then visible here); a later
+   batch skips the row until commit and then reads the new version / state.
+2. `relay_shard_barrier(shard)` takes the shard's relay lease row FOR UPDATE: a relay step
+   holds it FOR SHARE from its outbox read until its last publish, so this waits for a step
+   in flight and holds off the next one. Then the outbox rows of the affected occurrences are
+   deleted. Rows the relay already recorded are gone (ENQUEUED: reported not recalled); rows
+   published but not yet recorded are invalidated here, and the worker's claim drops their
+   message (version / cancellation re-check). Nothing affected is published after commit.
+   The relay never locks schedules and this code touches occurrences only after the
+   barrier, so the two cannot deadlock.
+3. The occurrences whose outbox row was deleted and that are still SCHEDULED (or RETRY_WAIT,
+   for update and cancel) become SUPERSEDED / CANCELED in the same statement: set-based, no
+   per-row saves.
+4. What could not be recalled (in flight, or at/after the change and already finished) is
+   read back for the receipt.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+
+from apps.occurrences.models import Lane, Occurrence
+from apps.occurrences.pipeline.leases import relay_shard_barrier
+from apps.schedules.errors import StateConflict
+from apps.schedules.models import Schedule, ScheduleEvent
+from apps.schedules.services import (
+    ScheduleSpec,
+    apply_new_version,
+    changed_definition_fields,
+    check_rule_frequency,
+    lock_schedule,
+    mark_active,
+    mark_canceled,
+    mark_paused,
+    next_run_for_new_version,
+    schedule_rename,
+)
+
+# Receipts list at most this many occurrences per kind (ordered by instant).
+RECEIPT_LIMIT = 1000
+
+# Not yet handed to a worker: update and cancel recall both; pause lets pending retries run.
+_PENDING = (Occurrence.State.SCHEDULED, Occurrence.State.RETRY_WAIT)
+_IN_FLIGHT = (Occurrence.State.ENQUEUED, Occurrence.State.RUNNING, Occurrence.State.RETRY_WAIT)
+_FINISHED = (Occurrence.State.SUCCEEDED, Occurrence.State.DEAD, Occurrence.State.SKIPPED_OVERLAP)
+# What a recall leaves behind: these instants are free for the new version.
+_DROPPED = (Occurrence.State.SUPERSEDED, Occurrence.State.CANCELED)
+
+
+@dataclass(frozen=True)
+class NotRecalled:
+    """An affected occurrence already handed to the queue (or run): it cannot be pulled back.
+    The worker's claim still re-checks version and cancellation before the handler runs."""
+
+    id: uuid.UUID
+    state: str
+    scheduled_for: datetime
+    schedule_version: int
+
+
+@dataclass(frozen=True)
+class Receipt:
+    """What a lifecycle change actually did, decided in the transaction that made it."""
+
+    action: ScheduleEvent.Kind
+    at: datetime
+    version: int
+    invalidated: list[uuid.UUID] = field(default_factory=list)
+    # SUPERSEDED (update) or CANCELED (pause, cancel); None when nothing was invalidated.
+    invalidated_state: Occurrence.State | None = None
+    not_recalled: list[NotRecalled] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class LifecycleResult:
+    schedule: Schedule
+    receipt: Receipt
+
+
+# Steps 2 and 3 in one statement, after `relay_shard_barrier`: rows a relay already published
+# (and deleted) are not in `gone`; rows published but not yet recorded are, and their
+# occurrences are dropped by the worker's claim (version/cancel re-check). `shard` narrows the scan
+# to the schedule's shard through outbox_due_idx.
+_RECALL = """
+    WITH gone AS (
+        DELETE FROM occurrences_dispatchoutbox
+        WHERE shard = %(shard)s AND schedule_id = %(schedule)s
+          AND schedule_version < %(below)s AND NOT (lane = ANY(%(keep_lanes)s::text[]))
+        RETURNING occurrence_id, scheduled_for
+    )
+    UPDATE occurrences_occurrence o
+    SET state = %(to_state)s, finished_at = %(now)s
+    FROM gone
+    WHERE o.id = gone.occurrence_id AND o.scheduled_for = gone.scheduled_for
+      AND o.schedule_id = %(schedule)s AND o.state = ANY(%(from_states)s::text[])
+    RETURNING o.id, o.scheduled_for
+"""
+
+# Step 4: in flight (may still run), or at/after the change instant and already finished.
+_NOT_RECALLED = """
+    SELECT id, state, scheduled_for, schedule_version
+    FROM occurrences_occurrence
+    WHERE schedule_id = %(schedule)s AND schedule_version < %(below)s
+      AND scheduled_for >= %(since)s
+      AND (state = ANY(%(in_flight)s::text[])
+           OR (scheduled_for >= %(now)s AND state = ANY(%(finished)s::text[])))
+    ORDER BY scheduled_for, id
+    LIMIT %(limit)s
+"""
+
+# The latest future instant older versions produced and kept (published, running, finished):
+# the new version starts after it, so no instant fires twice across versions.
+_LATEST_KEPT = """
+    SELECT max(scheduled_for) FROM occurrences_occurrence
+    WHERE schedule_id = %(schedule)s AND schedule_version < %(below)s
+      AND scheduled_for >= %(now)s AND NOT (state = ANY(%(dropped)s::text[]))
+"""
+
+
+def _values(members: Sequence[str]) -> list[str]:
+    # The members' values as plain strings: what the state and lane columns hold.
+    return [str(member) for member in members]
+
+
+def _recall(
+    *,
+    schedule: Schedule,
+    below: int,
+    keep_lanes: Sequence[Lane],
+    from_states: Sequence[Occurrence.State],
+    to_state: Occurrence.State,
+    now: datetime,
+) -> list[uuid.UUID]:
+    # Wait for (and hold off) the relay step in flight on this shard: what is deleted
+    # below can then no longer be published after this transaction commits.
+    relay_shard_barrier(schedule.shard)
+    with connection.cursor() as cursor:
+        cursor.execute(_RECALL, {
+            "shard": schedule.shard, "schedule": schedule.id, "below": below,
+            "keep_lanes": _values(keep_lanes), "from_states": _values(from_states),
+            "to_state": str(to_state), "now": now,
+        })  # fmt: skip
+        rows = sorted(cursor.fetchall(), key=lambda r: (r[1], r[0]))
+    return [row[0] for row in rows]
+
+
+def _not_recalled(*, schedule: Schedule, below: int, now: datetime) -> list[NotRecalled]:
+    with connection.cursor() as cursor:
+        cursor.execute(_NOT_RECALLED, {
+            "schedule": schedule.id, "below": below, "now": now,
+            "since": now - timedelta(seconds=settings.TICK_RECEIPT_LOOKBACK_S),
+            "in_flight": _values(_IN_FLIGHT), "finished": _values(_FINISHED),
+            "limit": RECEIPT_LIMIT,
+        })  # fmt: skip
+        return [NotRecalled(*row) for row in cursor.fetchall()]
+
+
+def _latest_kept(*, schedule: Schedule, below: int, now: datetime) -> datetime | None:
+    with connection.cursor() as cursor:
+        cursor.execute(_LATEST_KEPT, {
+            "schedule": schedule.id, "below": below, "now": now, "dropped": _values(_DROPPED),
+        })  # fmt: skip
+        row = cursor.fetchone()
+    return row[0] if row else None
+
+
+def _receipt(
+    action: ScheduleEvent.Kind,
+    schedule: Schedule,
+    now: datetime,
+    invalidated: list[uuid.UUID],
+    invalidated_state: Occurrence.State,
+    not_recalled: list[NotRecalled],
+) -> Receipt:
+    return Receipt(
+        action, now, schedule.version, invalidated,
+        invalidated_state if invalidated else None, not_recalled,
+    )  # fmt: skip
+
+
+def _recall_same_version(
+    action: ScheduleEvent.Kind,
+    schedule: Schedule,
+    now: datetime,
+    *,
+    keep_lanes: Sequence[Lane],
+    from_states: Sequence[Occurrence.State],
+    to_state: Occurrence.State,
+) -> Receipt:
+    """Steps 2-4 for a change that keeps the version (pause, cancel): every version so far is
+    affected."""
+    below = schedule.version + 1
+    invalidated = _recall(
+        schedule=schedule, below=below, keep_lanes=keep_lanes, from_states=from_states,
+        to_state=to_state, now=now,
+    )  # fmt: skip
+    not_recalled = _not_recalled(schedule=schedule, below=below, now=now)
+    return _receipt(action, schedule, now, invalidated, to_state, not_recalled)
+
+
+def _refuse_stale_or_canceled(*, read: Schedule, locked: Schedule) -> None:
+    # A change committed since `read` was read would be overwritten with stale merged fields.
+    if locked.version != read.version or locked.name != read.name:
+        raise StateConflict(
+            "The schedule changed while this update was being prepared; read it and retry."
+        )
+    if locked.state == Schedule.State.CANCELED:
+        raise StateConflict("A canceled schedule cannot be updated; create a new one.")
+
+
+def _refuse_unless(locked: Schedule, state: Schedule.State, change: str) -> None:
+    if locked.state != state:
+        raise StateConflict(
+            f"A {locked.state.lower()} schedule cannot be {change} (only {state.lower()} ones)."
+        )
+
+
+def schedule_update(*, schedule: Schedule, spec: ScheduleSpec, actor: str) -> LifecycleResult:
+    """Apply a validated full definition (the PATCH merged onto `schedule` as read).
+
+    1. Lock the row; if another change committed since `schedule` was read (version or name
+       differ), refuse (409) rather than overwrite it with stale merged fields.
+    2. Only the name changed: rename, no new version, no occurrence touched.
+    3. Definition changed: version + 1; older versions' unpublished occurrences become
+       SUPERSEDED and their outbox rows go (module docstring); `next_run_at` is the new rule's
+       first instant after max(now, latest instant an older version kept), so the new
+       version re-fires only instants whose old occurrence was superseded here.
+    4. Close the previous version's interval, open the new one, log `updated`.
+    """
+    now = timezone.now()
+    with transaction.atomic():
+        locked = lock_schedule(schedule)
+        _refuse_stale_or_canceled(read=schedule, locked=locked)
+        changed = changed_definition_fields(schedule=locked, spec=spec)
+        if not changed:
+            schedule_rename(schedule=locked, name=spec.name, actor=actor, now=now)
+            return LifecycleResult(locked, Receipt(ScheduleEvent.Kind.UPDATED, now, locked.version))
+
+        check_rule_frequency(schedule=locked, spec=spec, changed=changed)
+        below = locked.version + 1
+        invalidated = _recall(
+            schedule=locked, below=below, keep_lanes=[], from_states=_PENDING,
+            to_state=Occurrence.State.SUPERSEDED, now=now,
+        )  # fmt: skip
+        kept = _latest_kept(schedule=locked, below=below, now=now)
+        not_recalled = _not_recalled(schedule=locked, below=below, now=now)
+        apply_new_version(
+            schedule=locked, spec=spec, changed=changed,
+            next_run_at=next_run_for_new_version(spec=spec, now=now, kept=kept),
+            actor=actor, now=now, invalidated=len(invalidated), not_recalled=len(not_recalled),
+        )  # fmt: skip
+    receipt = _receipt(
+        ScheduleEvent.Kind.UPDATED, locked, now, invalidated, Occurrence.State.SUPERSEDED,
+        not_recalled,
+    )  # fmt: skip
+    return LifecycleResult(locked, receipt)
+
+
+def schedule_pause(*, schedule: Schedule, actor: str) -> LifecycleResult:
+    """Stop future materialization; cancel what is materialized but unpublished.
+
+    `next_run_at` is kept: it is the first instant never materialized, so resume continues
+    there and the misfire policy judges what was missed meanwhile. Retries of runs already in
+    flight (RETRY_WAIT) continue and are listed as not recalled. Pausing a paused schedule
+    changes nothing and logs nothing.
+    """
+    now = timezone.now()
+    with transaction.atomic():
+        locked = lock_schedule(schedule)
+        if locked.state == Schedule.State.PAUSED:
+            return LifecycleResult(locked, Receipt(ScheduleEvent.Kind.PAUSED, now, locked.version))
+        _refuse_unless(locked, Schedule.State.ACTIVE, "paused")
+        receipt = _recall_same_version(
+            ScheduleEvent.Kind.PAUSED, locked, now, keep_lanes=[Lane.RETRY],
+            from_states=[Occurrence.State.SCHEDULED], to_state=Occurrence.State.CANCELED,
+        )  # fmt: skip
+        mark_paused(
+            schedule=locked, actor=actor, now=now,
+            invalidated=len(receipt.invalidated), not_recalled=len(receipt.not_recalled),
+        )  # fmt: skip
+    return LifecycleResult(locked, receipt)
+
+
+def schedule_resume(*, schedule: Schedule, actor: str) -> LifecycleResult:
+    """Make a paused schedule ACTIVE again from its persisted `next_run_at`.
+
+    Instants that passed while paused are older than `now - max_lateness_s` when the
+    materializer finds them, so its misfire policy decides (SKIP: MISSED; FIRE_ONCE: the
+    latest fires; CATCHUP: up to `catchup_limit`), bounded as for any outage. Instants the
+    pause canceled stay canceled (their ids were in the pause receipt): nothing is recalled.
+    """
+    now = timezone.now()
+    with transaction.atomic():
+        locked = lock_schedule(schedule)
+        if locked.state == Schedule.State.ACTIVE:
+            return LifecycleResult(locked, Receipt(ScheduleEvent.Kind.RESUMED, now, locked.version))
+        _refuse_unless(locked, Schedule.State.PAUSED, "resumed")
+        mark_active(schedule=locked, actor=actor, now=now)
+    return LifecycleResult(locked, Receipt(ScheduleEvent.Kind.RESUMED, now, locked.version))
+
+
+def schedule_cancel(*, schedule: Schedule, actor: str) -> LifecycleResult:
+    """Cancel for good: state CANCELED, `next_run_at` NULL, pending unpublished occurrences
+    (and pending retries) CANCELED with their outbox rows. Nothing is deleted; the versions
+    and events stay for audit. Canceling again changes nothing and logs nothing (the receipt
+    then lists only what is still in flight)."""
+    now = timezone.now()
+    with transaction.atomic():
+        locked = lock_schedule(schedule)
+        if locked.state == Schedule.State.CANCELED:
+            not_recalled = _not_recalled(schedule=locked, below=locked.version + 1, now=now)
+            return LifecycleResult(
+                locked,
+                Receipt(
+                    ScheduleEvent.Kind.CANCELED, now, locked.version, not_recalled=not_recalled
+                ),
+            )
+        receipt = _recall_same_version(
+            ScheduleEvent.Kind.CANCELED, locked, now, keep_lanes=[], from_states=_PENDING,
+            to_state=Occurrence.State.CANCELED,
+        )  # fmt: skip
+        mark_canceled(
+            schedule=locked, actor=actor, now=now,
+            invalidated=len(receipt.invalidated), not_recalled=len(receipt.not_recalled),
+        )  # fmt: skip
+    return LifecycleResult(locked, receipt)
