@@ -12,12 +12,15 @@ from django.db import connection
 from django.db.models import Count
 from django.db.models.functions import TruncMinute
 
-from apps.occurrences.models import Occurrence
+from apps.occurrences.models import Lane, Occurrence
 from apps.occurrences.selectors import occurrences_for
+from apps.schedules.models import Schedule
 from apps.schedules.selectors import schedules_for
 from apps.tenants.models import Tenant
 
 LAG_BUCKET_S = 300
+# The lanes whose lag the dashboard charts: the on-time ones.
+LAG_LANES = (Lane.STRICT, Lane.FLEXIBLE)
 
 # Lag per 5-minute bucket of scheduled_for and lane: strict = enqueued_at - scheduled_for,
 # flexible = enqueued_at - available_at, as the SLO metric `tick_schedule_lag_seconds`
@@ -28,11 +31,11 @@ _LAG = """
            lane,
            count(*),
            percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY extract(epoch FROM
-               enqueued_at - CASE WHEN lane = 'flexible' THEN available_at
+               enqueued_at - CASE WHEN lane = %(flexible_lane)s THEN available_at
                                   ELSE scheduled_for END))
     FROM occurrences_occurrence
     WHERE tenant_id = %(tenant)s AND scheduled_for >= %(since)s AND scheduled_for < %(until)s
-      AND enqueued_at IS NOT NULL AND lane IN ('strict', 'flexible')
+      AND enqueued_at IS NOT NULL AND lane IN (%(strict_lane)s, %(flexible_lane)s)
     GROUP BY 1, 2
     ORDER BY 1, 2
 """
@@ -51,9 +54,10 @@ class LagPoint:
 def lag_percentiles(*, tenant: Tenant, now: datetime, hours: int = 6) -> list[LagPoint]:
     since = now - timedelta(hours=hours)
     with connection.cursor() as cursor:
-        cursor.execute(
-            _LAG, {"bucket": LAG_BUCKET_S, "tenant": tenant.id, "since": since, "until": now}
-        )
+        cursor.execute(_LAG, {
+            "bucket": LAG_BUCKET_S, "tenant": tenant.id, "since": since, "until": now,
+            "strict_lane": Lane.STRICT, "flexible_lane": Lane.FLEXIBLE,
+        })  # fmt: skip
         rows = cursor.fetchall()
     return [
         LagPoint(row[0], row[1], int(row[2]), *(round(float(v), 3) for v in row[3])) for row in rows
@@ -65,7 +69,7 @@ def lag_chart_data(points: list[LagPoint]) -> dict[str, Any]:
     labels = sorted({p.bucket for p in points})
     index = {(p.bucket, p.lane): p for p in points}
     series: dict[str, Any] = {}
-    for lane in ("strict", "flexible"):
+    for lane in LAG_LANES:
         for q in ("p50", "p95", "p99"):
             series[f"{lane}_{q}"] = [
                 getattr(index[(b, lane)], q) if (b, lane) in index else None for b in labels
@@ -104,7 +108,7 @@ def due_backlog(*, tenant: Tenant, now: datetime, minutes: int = 10) -> list[dic
         .annotate(n=Count("id"))
         .order_by()
     }  # fmt: skip
-    due = schedules_for(tenant=tenant).filter(state="ACTIVE")
+    due = schedules_for(tenant=tenant).filter(state=Schedule.State.ACTIVE)
     unmaterialized = {
         row["minute"]: row["n"]
         for row in due.filter(next_run_at__gte=start, next_run_at__lt=end)
@@ -138,7 +142,11 @@ def dlq_count(*, tenant: Tenant, now: datetime) -> int:
 
 
 def quota_usage(*, tenant: Tenant, now: datetime) -> list[dict[str, Any]]:
-    active = schedules_for(tenant=tenant).filter(state__in=["ACTIVE", "PAUSED"]).count()
+    active = (
+        schedules_for(tenant=tenant)
+        .filter(state__in=[Schedule.State.ACTIVE, Schedule.State.PAUSED])
+        .count()
+    )
     running = (
         occurrences_for(tenant=tenant)
         .filter(state=Occurrence.State.RUNNING,

@@ -3,7 +3,12 @@ them on /metrics (web) or their own port (commands started with --metrics-port).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from enum import StrEnum
+
 from prometheus_client import Counter, Gauge, Histogram
+
+from apps.occurrences.models import Lane
 
 LAG_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 30, 60, 300, 900, 3600)
 
@@ -39,7 +44,7 @@ retries_scheduled = Counter("tick_retries_total", "Retries scheduled through the
 dead_occurrences = Counter("tick_dead_total", "Occurrences that went DEAD (the DLQ)")
 
 # Create every lane's series up front: a lane with no traffic shows zeros, not a gap.
-for _lane in ("strict", "flexible", "catchup", "retry"):
+for _lane in Lane:
     schedule_lag_seconds.labels(lane=_lane)
     occurrences_materialized.labels(lane=_lane)
     published.labels(lane=_lane)
@@ -68,68 +73,79 @@ backstop_redeliveries = Counter(
 )
 webhook_refused = Counter("tick_webhook_refused_total", "Webhook targets refused by the SSRF guard")
 
+
+class ThrottledBy(StrEnum):
+    """The quota that deferred a row: `kind` of tick_tenant_throttled_total."""
+
+    TRIGGER_RATE = "trigger"
+    CATCHUP_RATE = "catchup"
+
+
 tenant_throttled = Counter(
     "tick_tenant_throttled_total",
     "Occurrences deferred by a tenant's trigger-rate or catch-up-rate quota",
     ["kind"],
 )
-tenant_throttled.labels(kind="trigger")
-tenant_throttled.labels(kind="catchup")
+for _quota in ThrottledBy:
+    tenant_throttled.labels(kind=_quota)
 outbox_parked = Counter(
     "tick_outbox_parked_total",
     "Outbox rows set aside after repeated publish failures (their occurrences go DEAD)",
 )
 
 # --- observability ----------------------------------------------------------------------
-# Gauges below are set by one process (the scan in `manage.py reap`, or the process that
-# measures itself); `livemax` keeps them meaningful if they are ever read in multiprocess mode.
-due_backlog = Gauge(
+
+
+def _livemax_gauge(
+    name: str, documentation: str, label: str | None = None, values: Iterable[str] = ()
+) -> Gauge:
+    """A gauge that one process sets (the scan in `manage.py reap`, the reconciliation, or a
+    process measuring itself); `livemax` keeps it meaningful if it is ever read in
+    multiprocess mode. The series of `values` (of `label`) exist from the start: zeros, not
+    gaps."""
+    gauge = Gauge(name, documentation, [label] if label else [], multiprocess_mode="livemax")
+    for value in values:
+        gauge.labels(value)
+    return gauge
+
+
+due_backlog = _livemax_gauge(
     "tick_due_backlog",
     "Unparked outbox rows whose available_at falls before now + bucket (overdue included)",
-    ["bucket"],
-    multiprocess_mode="livemax",
+    "bucket",
+    ("1m", "5m", "15m"),
 )
-for _bucket in ("1m", "5m", "15m"):
-    due_backlog.labels(bucket=_bucket)
-materialization_lag_seconds = Gauge(
+materialization_lag_seconds = _livemax_gauge(
     "tick_materialization_lag_seconds",
     "How far the earliest ACTIVE next_run_at trails now + planning window (0 = caught up)",
-    multiprocess_mode="livemax",
 )
-outbox_oldest_age_seconds = Gauge(
+outbox_oldest_age_seconds = _livemax_gauge(
     "tick_outbox_oldest_age_seconds",
     "now - available_at of the oldest due, unparked outbox row (0 when none is due)",
-    multiprocess_mode="livemax",
 )
-outbox_rows = Gauge(
-    "tick_outbox_rows", "Outbox rows by status (due, future, parked)", ["status"],
-    multiprocess_mode="livemax",
-)  # fmt: skip
-queue_depth = Gauge(
-    "tick_queue_depth", "Ready messages in RabbitMQ, summed per lane", ["lane"],
-    multiprocess_mode="livemax",
-)  # fmt: skip
-queue_oldest_age_seconds = Gauge(
+outbox_rows = _livemax_gauge(
+    "tick_outbox_rows", "Outbox rows by status (due, future, parked)", "status"
+)
+queue_depth = _livemax_gauge(
+    "tick_queue_depth", "Ready messages in RabbitMQ, summed per lane", "lane"
+)
+queue_oldest_age_seconds = _livemax_gauge(
     "tick_queue_oldest_age_seconds",
     "Approximation of the oldest queued message: now - min(enqueued_at) of ENQUEUED "
     "occurrences of the recent lookback (not yet claimed)",
-    multiprocess_mode="livemax",
 )
-stuck = Gauge(
+stuck = _livemax_gauge(
     "tick_stuck",
     "Stuck-state scan: outbox rows older than the bound, ENQUEUED past the bound, RUNNING "
     "past lease + grace, ACTIVE schedules with next_run_at far in the past",
-    ["kind"],
-    multiprocess_mode="livemax",
+    "kind",
+    ("outbox", "enqueued", "running", "schedules"),
 )
-for _kind in ("outbox", "enqueued", "running", "schedules"):
-    stuck.labels(kind=_kind)
-stuck_outbox_by_tenant = Gauge(
+stuck_outbox_by_tenant = _livemax_gauge(
     "tick_stuck_outbox_by_tenant",
     "Stuck outbox rows per tenant: the top TICK_METRICS_TOP_TENANTS tenants by count, the rest "
     'summed as tenant="other" (bounded cardinality)',
-    ["tenant"],
-    multiprocess_mode="livemax",
+    "tenant",
 )
 outage_retries = Counter(
     "tick_outage_retries_total",
@@ -145,11 +161,10 @@ lease_takeovers = Counter(
     "Shard leases taken from another owner after expiry (not free or released ones)",
     ["role"],
 )
-clock_skew_seconds = Gauge(
+clock_skew_seconds = _livemax_gauge(
     "tick_clock_skew_seconds",
     "This process's clock minus the database clock (midpoint of the round trip)",
-    ["process"],
-    multiprocess_mode="livemax",
+    "process",
 )
 occurrence_state_seconds = Histogram(
     "tick_occurrence_state_seconds",
@@ -157,14 +172,12 @@ occurrence_state_seconds = Histogram(
     ["state"],
     buckets=LAG_BUCKETS,
 )
-reconcile_findings = Gauge(
+reconcile_findings = _livemax_gauge(
     "tick_reconcile_findings",
     "Findings of the last online reconciliation of a recent window, by class",
-    ["kind"],
-    multiprocess_mode="livemax",
+    "kind",
+    ("missing", "unexpected", "stranded"),
 )
-for _kind in ("missing", "unexpected", "stranded"):
-    reconcile_findings.labels(kind=_kind)
 scan_duration_seconds = Histogram(
     "tick_scan_duration_seconds", "Duration of one stuck-state scan", buckets=LAG_BUCKETS
 )

@@ -17,7 +17,9 @@ import math
 from dataclasses import dataclass, field
 
 from django.db import connection, transaction
+from django.db.backends.utils import CursorWrapper
 
+from apps.occurrences.models import ShardLease
 from apps.occurrences.observability import metrics
 
 
@@ -30,85 +32,101 @@ class LeaseSet:
     held: dict[int, int] = field(default_factory=dict)  # shard -> generation
 
     def refresh(self) -> dict[int, int]:
+        """Step 1 of the module docstring, in one transaction; returns shard -> generation."""
         with transaction.atomic(), connection.cursor() as cursor:
-            cursor.execute(
-                """
-                INSERT INTO occurrences_shardlease (role, shard, owner, generation)
-                SELECT %s, g, '', 0 FROM generate_series(0, %s - 1) AS g
-                ON CONFLICT (role, shard) DO NOTHING
-                """,
-                [self.role, self.shards_total],
-            )
-            # Renew every unexpired lease this owner (host:pid) holds; one taken over by
-            # another owner no longer matches and drops out.
-            cursor.execute(
-                """
-                UPDATE occurrences_shardlease
-                SET lease_expires_at = now() + make_interval(secs => %s)
-                WHERE role = %s AND owner = %s AND lease_expires_at > now()
-                RETURNING shard, generation
-                """,
-                [self.ttl_s, self.role, self.owner],
-            )
-            held = {shard: generation for shard, generation in cursor.fetchall()}
-            cursor.execute(
-                """
-                INSERT INTO occurrences_leasemember (role, owner, seen_at)
-                VALUES (%s, %s, now())
-                ON CONFLICT (role, owner) DO UPDATE SET seen_at = excluded.seen_at
-                """,
-                [self.role, self.owner],
-            )
-            # Members of processes gone for a day are forgotten (the table stays tiny).
-            cursor.execute(
-                "DELETE FROM occurrences_leasemember "
-                "WHERE role = %s AND seen_at < now() - interval '1 day'",
-                [self.role],
-            )
-            # Live members, whether or not they hold a shard yet (a newcomer holds none).
-            cursor.execute(
-                "SELECT count(*) FROM occurrences_leasemember "
-                "WHERE role = %s AND owner <> %s AND seen_at > now() - make_interval(secs => %s)",
-                [self.role, self.owner, self.ttl_s],
-            )
-            row = cursor.fetchone()
-            others = int(row[0]) if row else 0
-            fair_share = math.ceil(self.shards_total / (others + 1))
+            self._ensure_lease_rows(cursor)
+            held = self._renew(cursor)
+            fair_share = math.ceil(self.shards_total / (self._other_members(cursor) + 1))
             if len(held) > fair_share:
-                extra = sorted(held)[fair_share:]
-                cursor.execute(
-                    "UPDATE occurrences_shardlease SET owner = '', lease_expires_at = NULL "
-                    "WHERE role = %s AND owner = %s AND shard = ANY(%s)",
-                    [self.role, self.owner, extra],
-                )
-                for shard in extra:
-                    held.pop(shard)
+                self._release_extra(cursor, held, sorted(held)[fair_share:])
             elif len(held) < fair_share:
-                cursor.execute(
-                    """
-                    UPDATE occurrences_shardlease l
-                    SET owner = %s, generation = l.generation + 1,
-                        lease_expires_at = now() + make_interval(secs => %s)
-                    FROM (
-                        SELECT id, owner AS previous FROM occurrences_shardlease
-                        WHERE role = %s AND (lease_expires_at IS NULL OR lease_expires_at <= now())
-                        ORDER BY shard
-                        LIMIT %s
-                        FOR UPDATE SKIP LOCKED
-                    ) AS free
-                    WHERE l.id = free.id
-                    RETURNING l.shard, l.generation, free.previous
-                    """,
-                    [self.owner, self.ttl_s, self.role, fair_share - len(held)],
-                )
-                taken = cursor.fetchall()
-                held.update({shard: generation for shard, generation, _ in taken})
-                # An expired lease still naming another owner: that process died or froze.
-                takeovers = sum(1 for *_, previous in taken if previous not in ("", self.owner))
-                if takeovers:
-                    metrics.lease_takeovers.labels(role=self.role).inc(takeovers)
+                self._take_free(cursor, held, fair_share - len(held))
         self.held = held
         return held
+
+    def _ensure_lease_rows(self, cursor: CursorWrapper) -> None:
+        cursor.execute(
+            """
+            INSERT INTO occurrences_shardlease (role, shard, owner, generation)
+            SELECT %s, g, '', 0 FROM generate_series(0, %s - 1) AS g
+            ON CONFLICT (role, shard) DO NOTHING
+            """,
+            [self.role, self.shards_total],
+        )
+
+    def _renew(self, cursor: CursorWrapper) -> dict[int, int]:
+        # Renew every unexpired lease this owner (host:pid) holds; one taken over by
+        # another owner no longer matches and drops out.
+        cursor.execute(
+            """
+            UPDATE occurrences_shardlease
+            SET lease_expires_at = now() + make_interval(secs => %s)
+            WHERE role = %s AND owner = %s AND lease_expires_at > now()
+            RETURNING shard, generation
+            """,
+            [self.ttl_s, self.role, self.owner],
+        )
+        return {shard: generation for shard, generation in cursor.fetchall()}
+
+    def _other_members(self, cursor: CursorWrapper) -> int:
+        """Mark this process a live member; count the other live ones."""
+        cursor.execute(
+            """
+            INSERT INTO occurrences_leasemember (role, owner, seen_at)
+            VALUES (%s, %s, now())
+            ON CONFLICT (role, owner) DO UPDATE SET seen_at = excluded.seen_at
+            """,
+            [self.role, self.owner],
+        )
+        # Members of processes gone for a day are forgotten (the table stays tiny).
+        cursor.execute(
+            "DELETE FROM occurrences_leasemember "
+            "WHERE role = %s AND seen_at < now() - interval '1 day'",
+            [self.role],
+        )
+        # Live members, whether or not they hold a shard yet (a newcomer holds none).
+        cursor.execute(
+            "SELECT count(*) FROM occurrences_leasemember "
+            "WHERE role = %s AND owner <> %s AND seen_at > now() - make_interval(secs => %s)",
+            [self.role, self.owner, self.ttl_s],
+        )
+        row = cursor.fetchone()
+        return int(row[0]) if row else 0
+
+    def _release_extra(self, cursor: CursorWrapper, held: dict[int, int], extra: list[int]) -> None:
+        cursor.execute(
+            "UPDATE occurrences_shardlease SET owner = '', lease_expires_at = NULL "
+            "WHERE role = %s AND owner = %s AND shard = ANY(%s)",
+            [self.role, self.owner, extra],
+        )
+        for shard in extra:
+            held.pop(shard)
+
+    def _take_free(self, cursor: CursorWrapper, held: dict[int, int], wanted: int) -> None:
+        """Take up to `wanted` expired or free shards (generation + 1) into `held`."""
+        cursor.execute(
+            """
+            UPDATE occurrences_shardlease l
+            SET owner = %s, generation = l.generation + 1,
+                lease_expires_at = now() + make_interval(secs => %s)
+            FROM (
+                SELECT id, owner AS previous FROM occurrences_shardlease
+                WHERE role = %s AND (lease_expires_at IS NULL OR lease_expires_at <= now())
+                ORDER BY shard
+                LIMIT %s
+                FOR UPDATE SKIP LOCKED
+            ) AS free
+            WHERE l.id = free.id
+            RETURNING l.shard, l.generation, free.previous
+            """,
+            [self.owner, self.ttl_s, self.role, wanted],
+        )
+        taken = cursor.fetchall()
+        held.update({shard: generation for shard, generation, _ in taken})
+        # An expired lease still naming another owner: that process died or froze.
+        takeovers = sum(1 for *_, previous in taken if previous not in ("", self.owner))
+        if takeovers:
+            metrics.lease_takeovers.labels(role=self.role).inc(takeovers)
 
     def release(self) -> None:
         """Give the shards back at shutdown so others need not wait for expiry."""
@@ -152,6 +170,6 @@ def relay_shard_barrier(shard: int) -> None:
     """
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT 1 FROM occurrences_shardlease WHERE role = 'relay' AND shard = %s FOR UPDATE",
-            [shard],
+            "SELECT 1 FROM occurrences_shardlease WHERE role = %s AND shard = %s FOR UPDATE",
+            [ShardLease.Role.RELAY, shard],
         )

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from types import FrameType
 
+from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
 from apps.occurrences.observability import metrics
@@ -63,6 +64,16 @@ def process_owner(role: str) -> str:
 PERSISTENT_ERRORS: tuple[type[BaseException], ...] = (ImproperlyConfigured,)
 
 
+def process_leases(role: str) -> LeaseSet:
+    """This process's shard leases for `role`, sized by settings (refreshed by the loop)."""
+    return LeaseSet(
+        role=role,
+        owner=process_owner(role),
+        shards_total=settings.TICK_SHARDS,
+        ttl_s=settings.TICK_LEASE_TTL_S,
+    )
+
+
 def run_loop(
     *,
     role: str,
@@ -84,51 +95,16 @@ def run_loop(
     if metrics_port:
         serve_process(metrics_port, health)
     stop = StopFlag()
-    outage = OutageTracker(owner)
-    backoff = Backoff()
-    renew_every = max(leases.ttl_s / 3, 1.0) if leases is not None else 0.0
-    next_renew = 0.0
+    iteration = _GuardedIteration(
+        role=role, owner=owner, unit=unit, idle_sleep_s=idle_sleep_s, health=health, leases=leases
+    )
     try:
         while not stop.stopping:
-            try:
-                if leases is not None and time.monotonic() >= next_renew:
-                    held = leases.refresh()
-                    next_renew = time.monotonic() + renew_every
-                    log.debug("%s holds %d shards", owner, len(held))
-                    metrics.measure_clock_skew(role)
-                done = unit()
-            except PERSISTENT_ERRORS:
-                log.critical("%s: persistent error; exiting", owner, exc_info=True)
-                raise
-            except Exception as exc:
-                dependency = outage_of(exc)
-                if dependency is None:
-                    # A bug or a poison row: log it in full, count the failure, go on.
-                    log.exception("%s: unit of work failed; retrying", owner)
-                    health.beat(ok=False)
-                    drop_database_connection()
-                    if once:
-                        break
-                    stop.wait(idle_sleep_s)
-                    continue
-                outage.failed(dependency, exc)
-                health.beat(ok=False, detail=f"{dependency} unavailable")
-                metrics.outage_retries.labels(role=role, dependency=dependency).inc()
-                if dependency is Dependency.DATABASE:
-                    drop_database_connection()
-                    next_renew = 0.0  # re-check the leases first thing when it is back
-                if once:
-                    break
-                stop.wait(backoff.next_delay())
-                continue
-            if outage.down:
-                outage.recovered()
-            backoff.reset()
-            health.beat(ok=True)
+            pause = iteration.run()
             if once:
                 break
-            if done == 0:
-                stop.wait(idle_sleep_s)
+            if pause:
+                stop.wait(pause)
     finally:
         if before_release is not None:
             before_release()
@@ -137,3 +113,69 @@ def run_loop(
                 leases.release()
             except Exception:  # noqa: BLE001 - best effort at shutdown; leases expire anyway
                 log.warning("could not release leases of %s", owner)
+
+
+class _GuardedIteration:
+    """One iteration of `run_loop`: refresh the leases when due, run the unit of work, and
+    turn the outcome into health, outage logs and the pause before the next iteration."""
+
+    def __init__(
+        self,
+        *,
+        role: str,
+        owner: str,
+        unit: Callable[[], int],
+        idle_sleep_s: float,
+        health: ProcessHealth,
+        leases: LeaseSet | None,
+    ) -> None:
+        self.role = role
+        self.owner = owner
+        self.unit = unit
+        self.idle_sleep_s = idle_sleep_s
+        self.health = health
+        self.leases = leases
+        self.outage = OutageTracker(owner)
+        self.backoff = Backoff()
+        self.renew_every = max(leases.ttl_s / 3, 1.0) if leases is not None else 0.0
+        self.next_renew = 0.0
+
+    def run(self) -> float:
+        """Returns the seconds to wait before the next iteration (0: go on at once)."""
+        try:
+            self._refresh_leases_when_due()
+            done = self.unit()
+        except PERSISTENT_ERRORS:
+            log.critical("%s: persistent error; exiting", self.owner, exc_info=True)
+            raise
+        except Exception as exc:  # noqa: BLE001 - logged by _failed; the loop goes on
+            return self._failed(exc)
+        if self.outage.down:
+            self.outage.recovered()
+        self.backoff.reset()
+        self.health.beat(ok=True)
+        return self.idle_sleep_s if done == 0 else 0.0
+
+    def _refresh_leases_when_due(self) -> None:
+        if self.leases is not None and time.monotonic() >= self.next_renew:
+            held = self.leases.refresh()
+            self.next_renew = time.monotonic() + self.renew_every
+            log.debug("%s holds %d shards", self.owner, len(held))
+            metrics.measure_clock_skew(self.role)
+
+    def _failed(self, exc: Exception) -> float:
+        """Called while `exc` is being handled (log.exception needs it)."""
+        dependency = outage_of(exc)
+        if dependency is None:
+            # A bug or a poison row: log it in full, count the failure, go on.
+            log.exception("%s: unit of work failed; retrying", self.owner)
+            self.health.beat(ok=False)
+            drop_database_connection()
+            return self.idle_sleep_s
+        self.outage.failed(dependency, exc)
+        self.health.beat(ok=False, detail=f"{dependency} unavailable")
+        metrics.outage_retries.labels(role=self.role, dependency=dependency).inc()
+        if dependency is Dependency.DATABASE:
+            drop_database_connection()
+            self.next_renew = 0.0  # re-check the leases first thing when it is back
+        return self.backoff.next_delay()

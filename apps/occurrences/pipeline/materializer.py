@@ -17,6 +17,7 @@ A crash before commit rolls all of it back (the next owner redoes it from the pe
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import uuid
 from collections import Counter
@@ -25,8 +26,9 @@ from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 from django.db import connection, transaction
+from django.db.backends.utils import CursorWrapper
 
-from apps.occurrences.models import Lane, Occurrence, occurrence_id_for
+from apps.occurrences.models import Lane, Occurrence, ShardLease, occurrence_id_for
 from apps.occurrences.observability import metrics
 from apps.occurrences.pipeline.bulk import array_literal
 from apps.occurrences.pipeline.leases import LeaseSet
@@ -54,6 +56,16 @@ class BatchResult:
     missed: int = 0
     completed: int = 0
     lanes: Counter[str] = field(default_factory=Counter)
+
+    def __iadd__(self, other: BatchResult) -> BatchResult:
+        self.schedules += other.schedules
+        self.inserted += other.inserted
+        self.conflicts += other.conflicts
+        self.outboxed += other.outboxed
+        self.missed += other.missed
+        self.completed += other.completed
+        self.lanes.update(other.lanes)
+        return self
 
 
 @dataclass
@@ -87,6 +99,16 @@ class _Plan:
     missed_total: int
     missed_exact: bool
     next_run_at: datetime | None
+
+    @functools.cached_property
+    def occurrences(self) -> list[tuple[datetime, str, str]]:
+        """(instant, lane, state) of every occurrence row: the fires, then the MISSED ones.
+        Computed once per plan, however many schedules of the batch share it."""
+        scheduled: str = Occurrence.State.SCHEDULED
+        missed: str = Occurrence.State.MISSED
+        return [(instant, lane, scheduled) for instant, lane in self.fire] + [
+            (instant, Lane.CATCHUP, missed) for instant in self.missed
+        ]
 
 
 class _NeedPartitions(Exception):
@@ -175,23 +197,27 @@ def _plan(row: _Row, now: datetime, horizon: datetime, config: MaterializeConfig
     return _Plan(fire, missed, missed_total, missed_exact, next_run_at)
 
 
-_SELECT_DUE = """
+# The state test is spelled into the text, not passed as a parameter: schedule_due_idx is
+# partial on `state = 'ACTIVE'`, and PostgreSQL uses a partial index only when the planned
+# query's WHERE implies its predicate (a generic plan with `state = $1` would not).
+_SELECT_DUE = f"""
     SELECT id, tenant_id, kind, expression, time_zone, dst_gap, dst_fold, version, next_run_at,
            precision, flexible_window_s, misfire_policy, max_lateness_s, catchup_limit, end_at,
            shard
     FROM schedules_schedule
-    WHERE state = 'ACTIVE' AND next_run_at IS NOT NULL AND shard = ANY(%s)
-      AND next_run_at <= %s
+    WHERE state = '{Schedule.State.ACTIVE.value}' AND next_run_at IS NOT NULL
+      AND shard = ANY(%(shards)s) AND next_run_at <= %(horizon)s
     ORDER BY next_run_at
-    LIMIT %s
+    LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 """
 
 _INSERT_OCCURRENCES = """
     WITH rows AS (
         SELECT * FROM unnest(
-            %s::uuid[], %s::timestamptz[], %s::uuid[], %s::int[], %s::uuid[], %s::text[],
-            %s::text[], %s::timestamptz[], %s::smallint[]
+            %(id)s::uuid[], %(at)s::timestamptz[], %(schedule)s::uuid[], %(version)s::int[],
+            %(tenant)s::uuid[], %(lane)s::text[], %(state)s::text[], %(available)s::timestamptz[],
+            %(shard)s::smallint[]
         ) AS r(id, scheduled_for, schedule_id, version, tenant_id, lane, state, available_at,
                shard)
     ),
@@ -200,7 +226,7 @@ _INSERT_OCCURRENCES = """
             (id, scheduled_for, schedule_id, schedule_version, tenant_id, lane, state,
              available_at, enqueued_at, attempt_count, created_at, finished_at)
         SELECT id, scheduled_for, schedule_id, version, tenant_id, lane, state, available_at,
-               NULL, 0, %s, CASE WHEN state = 'MISSED' THEN %s::timestamptz END
+               NULL, 0, %(now)s, CASE WHEN state = %(missed_state)s THEN %(now)s::timestamptz END
         FROM rows
         ON CONFLICT DO NOTHING
         RETURNING id, scheduled_for, state
@@ -210,22 +236,27 @@ _INSERT_OCCURRENCES = """
             (occurrence_id, scheduled_for, schedule_id, schedule_version, tenant_id, shard,
              lane, available_at, created_at)
         SELECT r.id, r.scheduled_for, r.schedule_id, r.version, r.tenant_id, r.shard, r.lane,
-               r.available_at, %s
+               r.available_at, %(now)s
         FROM ins JOIN rows r ON r.id = ins.id AND r.scheduled_for = ins.scheduled_for
-        WHERE ins.state = 'SCHEDULED'
+        WHERE ins.state = %(scheduled_state)s
         RETURNING 1
     )
     SELECT (SELECT count(*) FROM ins), (SELECT count(*) FROM outbox)
 """
+_OCCURRENCE_COLUMNS = (
+    "id", "at", "schedule", "version", "tenant", "lane", "state", "available", "shard",
+)  # fmt: skip
 
 _ADVANCE = """
     UPDATE schedules_schedule s
-    SET next_run_at = v.next_run_at, state = v.state, updated_at = %s
-    FROM unnest(%s::uuid[], %s::int[], %s::timestamptz[], %s::timestamptz[], %s::text[])
+    SET next_run_at = v.next_run_at, state = v.state, updated_at = %(now)s
+    FROM unnest(%(id)s::uuid[], %(version)s::int[], %(old)s::timestamptz[],
+                %(next)s::timestamptz[], %(state)s::text[])
         AS v(id, version, old_next_run_at, next_run_at, state)
     WHERE s.id = v.id AND s.version = v.version AND s.next_run_at = v.old_next_run_at
-      AND s.state = 'ACTIVE'
+      AND s.state = %(active)s
 """
+_ADVANCE_COLUMNS = ("id", "version", "old", "next", "state")
 
 
 def materialize_batch(*, leases: LeaseSet, now: datetime, config: MaterializeConfig) -> BatchResult:
@@ -245,103 +276,138 @@ def materialize_batch(*, leases: LeaseSet, now: datetime, config: MaterializeCon
 def _materialize_batch(
     *, leases: LeaseSet, now: datetime, config: MaterializeConfig
 ) -> BatchResult:
-    result = BatchResult()
     horizon = now + timedelta(seconds=config.window_s)
     with transaction.atomic(), connection.cursor() as cursor:
-        shards = leases.fenced_shards()
-        if not shards:
-            return result
-        cursor.execute(_SELECT_DUE, [shards, horizon, config.batch_size])
-        rows = [_Row(*values) for values in cursor.fetchall()]
+        rows = _claim_due(cursor, leases, horizon, config.batch_size)
         if not rows:
-            return result
-        result.schedules = len(rows)
-
-        # Columns are built as text: one array literal per column (pipeline/bulk.py).
-        cols: dict[str, list[str]] = {k: [] for k in _COLUMNS}
-        advance: dict[str, list[str]] = {k: [] for k in ("id", "version", "old", "next", "state")}
-        events: list[ScheduleEvent] = []
-        # Schedules sharing a rule and a next_run_at share a plan: at the top of an hour most
-        # of a batch does, so each distinct plan is computed once per batch.
-        plans: dict[tuple[Any, ...], _Plan] = {}
-        text = _TextCache()
-        for row in rows:
-            key = (row.kind, row.expression, row.time_zone, row.dst_gap, row.dst_fold,
-                   row.next_run_at, row.precision, row.misfire_policy, row.max_lateness_s,
-                   row.catchup_limit, row.end_at)  # fmt: skip
-            plan = plans.get(key)
-            if plan is None:
-                plan = plans[key] = _plan(row, now, horizon, config)
-            schedule_id, tenant_id = str(row.id), str(row.tenant_id)
-            version, shard = str(row.version), str(row.shard)
-            for instant, lane in plan.fire:
-                occ_id = occurrence_id_for(row.id, row.version, instant)
-                available = instant
-                if lane == Lane.FLEXIBLE:
-                    available += timedelta(seconds=flexible_offset_s(occ_id, row.flexible_window_s))
-                cols["id"].append(str(occ_id))
-                cols["at"].append(text.instant(instant))
-                cols["schedule"].append(schedule_id)
-                cols["version"].append(version)
-                cols["tenant"].append(tenant_id)
-                cols["lane"].append(lane)
-                cols["state"].append(Occurrence.State.SCHEDULED)
-                cols["available"].append(text.instant(available))
-                cols["shard"].append(shard)
-                result.lanes[lane] += 1
-            for instant in plan.missed:
-                cols["id"].append(str(occurrence_id_for(row.id, row.version, instant)))
-                cols["at"].append(text.instant(instant))
-                cols["schedule"].append(schedule_id)
-                cols["version"].append(version)
-                cols["tenant"].append(tenant_id)
-                cols["lane"].append(Lane.CATCHUP)
-                cols["state"].append(Occurrence.State.MISSED)
-                cols["available"].append(text.instant(instant))
-                cols["shard"].append(shard)
-            state = Schedule.State.ACTIVE if plan.next_run_at else Schedule.State.COMPLETED
-            advance["id"].append(schedule_id)
-            advance["version"].append(version)
-            advance["old"].append(text.instant(row.next_run_at))
-            advance["next"].append(text.instant(plan.next_run_at))
-            advance["state"].append(state)
-            if plan.missed_total:
-                result.missed += plan.missed_total
-                events.append(_event(row, ScheduleEvent.Kind.MISSED, now, {
-                    "policy": row.misfire_policy,
-                    "recorded": [m.isoformat() for m in plan.missed],
-                    "missed_count": plan.missed_total,
-                    "count_exact": plan.missed_exact,
-                    "first_pending": row.next_run_at.isoformat(),
-                }))  # fmt: skip
-            if state == Schedule.State.COMPLETED:
-                result.completed += 1
-                events.append(_event(row, ScheduleEvent.Kind.COMPLETED, now, {}))
-
-        missing = partitions_missing(text.days())
+            return BatchResult()
+        batch = _plan_batch(rows, now, horizon, config)
+        missing = partitions_missing(batch.text.days())
         if missing:
             raise _NeedPartitions(missing)
-        if cols["id"]:
-            cursor.execute(
-                _INSERT_OCCURRENCES, [*(array_literal(cols[k]) for k in _COLUMNS), now, now, now]
-            )
-            counts = cursor.fetchone()
-            assert counts is not None
-            result.inserted, result.outboxed = int(counts[0]), int(counts[1])
-            result.conflicts = len(cols["id"]) - result.inserted
-        cursor.execute(_ADVANCE, [
-            now, *(array_literal(advance[k]) for k in ("id", "version", "old", "next", "state")),
-        ])  # fmt: skip
-        if events:
-            ScheduleEvent.objects.bulk_create(events)
+        _write_batch(cursor, batch, now)
+    _count_batch(batch.result)
+    return batch.result
+
+
+def _claim_due(
+    cursor: CursorWrapper, leases: LeaseSet, horizon: datetime, limit: int
+) -> list[_Row]:
+    """Steps 1-2: the fence, then the due schedules of the shards still held, row-locked."""
+    shards = leases.fenced_shards()
+    if not shards:
+        return []
+    cursor.execute(_SELECT_DUE, {"shards": shards, "horizon": horizon, "limit": limit})
+    return [_Row(*values) for values in cursor.fetchall()]
+
+
+def _plan_batch(
+    rows: list[_Row], now: datetime, horizon: datetime, config: MaterializeConfig
+) -> _BatchWrites:
+    """Step 3 for every claimed schedule, as the column arrays of steps 4-5."""
+    batch = _BatchWrites(now)
+    batch.result.schedules = len(rows)
+    # Schedules sharing a rule and a next_run_at share a plan: at the top of an hour most
+    # of a batch does, so each distinct plan is computed once per batch.
+    plans: dict[tuple[Any, ...], _Plan] = {}
+    for row in rows:
+        key = (row.kind, row.expression, row.time_zone, row.dst_gap, row.dst_fold,
+               row.next_run_at, row.precision, row.misfire_policy, row.max_lateness_s,
+               row.catchup_limit, row.end_at)  # fmt: skip
+        plan = plans.get(key)
+        if plan is None:
+            plan = plans[key] = _plan(row, now, horizon, config)
+        batch.add(row, plan)
+    return batch
+
+
+def _write_batch(cursor: CursorWrapper, batch: _BatchWrites, now: datetime) -> None:
+    """Steps 4-5: insert the occurrences and their outbox rows, advance the schedules, add
+    their events."""
+    result = batch.result
+    if batch.occurrences["id"]:
+        cursor.execute(_INSERT_OCCURRENCES, {
+            **{k: array_literal(batch.occurrences[k]) for k in _OCCURRENCE_COLUMNS},
+            "now": now,
+            "missed_state": Occurrence.State.MISSED,
+            "scheduled_state": Occurrence.State.SCHEDULED,
+        })  # fmt: skip
+        counts = cursor.fetchone()
+        assert counts is not None
+        result.inserted, result.outboxed = int(counts[0]), int(counts[1])
+        result.conflicts = len(batch.occurrences["id"]) - result.inserted
+    cursor.execute(_ADVANCE, {
+        **{k: array_literal(batch.advance[k]) for k in _ADVANCE_COLUMNS},
+        "now": now,
+        "active": Schedule.State.ACTIVE,
+    })  # fmt: skip
+    if batch.events:
+        ScheduleEvent.objects.bulk_create(batch.events)
+
+
+def _count_batch(result: BatchResult) -> None:
+    """Metrics of a committed batch."""
     for lane, count in result.lanes.items():
         metrics.occurrences_materialized.labels(lane=lane).inc(count)
     metrics.occurrence_conflicts.inc(result.conflicts)
     metrics.occurrences_missed.inc(result.missed)
-    return result
 
 
-_COLUMNS = ("id", "at", "schedule", "version", "tenant", "lane", "state", "available", "shard")
+class _BatchWrites:
+    """What one batch writes, built as text columns (one array literal per column,
+    pipeline/bulk.py): occurrence rows, schedule advances and schedule events."""
+
+    def __init__(self, now: datetime) -> None:
+        self.now = now
+        self.occurrences: dict[str, list[str]] = {k: [] for k in _OCCURRENCE_COLUMNS}
+        self.advance: dict[str, list[str]] = {k: [] for k in _ADVANCE_COLUMNS}
+        self.events: list[ScheduleEvent] = []
+        self.text = _TextCache()
+        self.result = BatchResult()
+
+    def add(self, row: _Row, plan: _Plan) -> None:
+        schedule_id, version = str(row.id), str(row.version)
+        self._add_occurrences(row, plan, schedule_id, version)
+        state = Schedule.State.ACTIVE if plan.next_run_at else Schedule.State.COMPLETED
+        advance = self.advance
+        advance["id"].append(schedule_id)
+        advance["version"].append(version)
+        advance["old"].append(self.text.instant(row.next_run_at))
+        advance["next"].append(self.text.instant(plan.next_run_at))
+        advance["state"].append(state)
+        if plan.missed_total:
+            self.result.missed += plan.missed_total
+            self.events.append(_event(row, ScheduleEvent.Kind.MISSED, self.now, {
+                "policy": row.misfire_policy,
+                "recorded": [m.isoformat() for m in plan.missed],
+                "missed_count": plan.missed_total,
+                "count_exact": plan.missed_exact,
+                "first_pending": row.next_run_at.isoformat(),
+            }))  # fmt: skip
+        if state == Schedule.State.COMPLETED:
+            self.result.completed += 1
+            self.events.append(_event(row, ScheduleEvent.Kind.COMPLETED, self.now, {}))
+
+    def _add_occurrences(self, row: _Row, plan: _Plan, schedule_id: str, version: str) -> None:
+        cols, text, lanes = self.occurrences, self.text, self.result.lanes
+        tenant_id, shard = str(row.tenant_id), str(row.shard)
+        scheduled = Occurrence.State.SCHEDULED
+        for instant, lane, state in plan.occurrences:
+            occ_id = occurrence_id_for(row.id, row.version, instant)
+            available = instant
+            if lane == Lane.FLEXIBLE:
+                available += timedelta(seconds=flexible_offset_s(occ_id, row.flexible_window_s))
+            cols["id"].append(str(occ_id))
+            cols["at"].append(text.instant(instant))
+            cols["schedule"].append(schedule_id)
+            cols["version"].append(version)
+            cols["tenant"].append(tenant_id)
+            cols["lane"].append(lane)
+            cols["state"].append(state)
+            cols["available"].append(text.instant(available))
+            cols["shard"].append(shard)
+            if state == scheduled:
+                lanes[lane] += 1
 
 
 class _TextCache:
@@ -366,7 +432,7 @@ def _event(row: _Row, kind: str, now: datetime, detail: dict[str, Any]) -> Sched
         tenant_id=row.tenant_id,
         kind=kind,
         version=row.version,
-        actor="materializer",
+        actor=ShardLease.Role.MATERIALIZER,
         at=now,
         detail=detail,
     )
@@ -378,12 +444,6 @@ def materialize_pass(*, leases: LeaseSet, now: datetime, config: MaterializeConf
     total = BatchResult()
     while True:
         batch = materialize_batch(leases=leases, now=now, config=config)
-        total.schedules += batch.schedules
-        total.inserted += batch.inserted
-        total.conflicts += batch.conflicts
-        total.outboxed += batch.outboxed
-        total.missed += batch.missed
-        total.completed += batch.completed
-        total.lanes.update(batch.lanes)
+        total += batch
         if batch.schedules < config.batch_size:
             return total

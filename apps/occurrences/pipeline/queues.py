@@ -1,7 +1,9 @@
 """RabbitMQ topology: lanes x tenant partitions, as durable quorum queues.
 
-Pure (no Django import) so settings.py can build Celery's queue list from it and the relay
-can declare the same topology before publishing.
+Pure (no Django import): Celery builds its queue list from it before Django's apps are loaded
+(tickweb/celery.py), and the relay declares the same topology before publishing. That is why
+the lanes are spelled out here instead of read from `models.Lane`: importing a models module
+that early fails. They are the values of `Lane`, in its order.
 """
 
 from __future__ import annotations

@@ -41,6 +41,7 @@ from django.db import connection, transaction
 from django.db.backends.utils import CursorWrapper
 from django.utils import timezone
 
+from apps.occurrences.models import Lane, Occurrence
 from apps.occurrences.observability import metrics
 from apps.occurrences.pipeline.broker import OutgoingMessage, Publisher
 from apps.occurrences.pipeline.bulk import array_literal
@@ -104,27 +105,37 @@ _CLAIM = """
 """
 # Strict capacity is reserved: the on-time lanes are read first with the whole batch; the
 # catch-up and retry lanes get at most `background_share` of it per step.
-FOREGROUND_LANES = ["strict", "flexible"]
-BACKGROUND_LANES = ["catchup", "retry"]
+FOREGROUND_LANES: list[str] = [Lane.STRICT, Lane.FLEXIBLE]
+BACKGROUND_LANES: list[str] = [Lane.CATCHUP, Lane.RETRY]
+# The lag of a strict or catch-up row counts from its instant (`scheduled_for`), of a flexible
+# or retry row from when it became due (`available_at`).
+_LAG_FROM_SCHEDULED_FOR = (Lane.STRICT, Lane.CATCHUP)
+
+# Occurrences whose publish is pending: a confirm makes them ENQUEUED, a parked row DEAD.
+_PENDING_STATES = {
+    "scheduled": Occurrence.State.SCHEDULED,
+    "retry_wait": Occurrence.State.RETRY_WAIT,
+}
 
 # A failed publish backs off (2^attempts s, at most a minute); at the limit the row is parked
 # and its occurrence goes DEAD, visible in the DLQ and replayable with the same id.
 _FAILED = """
-    WITH f AS (SELECT * FROM unnest(%s::bigint[], %s::text[]) AS f(id, error)),
+    WITH f AS (SELECT * FROM unnest(%(ids)s::bigint[], %(errors)s::text[]) AS f(id, error)),
     upd AS (
         UPDATE occurrences_dispatchoutbox o
         SET publish_attempts = o.publish_attempts + 1,
             last_error = left(f.error, 1000),
             available_at = now() + make_interval(secs => least(60, 2 ^ o.publish_attempts)),
-            parked_at = CASE WHEN o.publish_attempts + 1 >= %s THEN now() END
+            parked_at = CASE WHEN o.publish_attempts + 1 >= %(max_attempts)s THEN now() END
         FROM f WHERE o.id = f.id
         RETURNING o.occurrence_id, o.scheduled_for, o.parked_at
     ),
     dead AS (
-        UPDATE occurrences_occurrence occ SET state = 'DEAD', finished_at = now()
+        UPDATE occurrences_occurrence occ SET state = %(dead)s, finished_at = now()
         FROM upd
         WHERE upd.parked_at IS NOT NULL AND occ.id = upd.occurrence_id
-          AND occ.scheduled_for = upd.scheduled_for AND occ.state IN ('SCHEDULED', 'RETRY_WAIT')
+          AND occ.scheduled_for = upd.scheduled_for
+          AND occ.state IN (%(scheduled)s, %(retry_wait)s)
         RETURNING 1
     )
     SELECT count(*) FROM upd WHERE parked_at IS NOT NULL
@@ -138,14 +149,16 @@ _DEFER = """
 
 _RECORD = """
     WITH done AS (
-        SELECT * FROM unnest(%s::bigint[], %s::uuid[], %s::timestamptz[], %s::timestamptz[])
-            AS d(outbox_id, occurrence_id, scheduled_for, confirmed_at)
+        SELECT * FROM unnest(
+            %(outbox_ids)s::bigint[], %(occurrence_ids)s::uuid[], %(scheduled_fors)s::timestamptz[],
+            %(confirmed_ats)s::timestamptz[]
+        ) AS d(outbox_id, occurrence_id, scheduled_for, confirmed_at)
     ),
     occ AS (
         UPDATE occurrences_occurrence o
         SET enqueued_at = COALESCE(o.enqueued_at, d.confirmed_at),
             last_enqueued_at = GREATEST(o.last_enqueued_at, d.confirmed_at),
-            state = CASE WHEN o.state IN ('SCHEDULED', 'RETRY_WAIT') THEN 'ENQUEUED'
+            state = CASE WHEN o.state IN (%(scheduled)s, %(retry_wait)s) THEN %(enqueued)s
                          ELSE o.state END
         FROM done d
         WHERE o.id = d.occurrence_id AND o.scheduled_for = d.scheduled_for
@@ -238,12 +251,16 @@ def record_confirmed(*, leases: LeaseSet, batch: ConfirmedBatch) -> int:
         held = set(leases.fenced_shards())
         ids = [i for i, (row, _) in batch.rows.items() if row.shard in held]
         if ids:
-            cursor.execute(_RECORD, [
-                array_literal([str(i) for i in ids]),
-                array_literal([batch.rows[i][0].occurrence_id for i in ids]),
-                array_literal([batch.rows[i][0].scheduled_for.isoformat() for i in ids]),
-                array_literal([batch.rows[i][1].isoformat() for i in ids]),
-            ])  # fmt: skip
+            cursor.execute(_RECORD, {
+                "outbox_ids": array_literal([str(i) for i in ids]),
+                "occurrence_ids": array_literal([batch.rows[i][0].occurrence_id for i in ids]),
+                "scheduled_fors": array_literal(
+                    [batch.rows[i][0].scheduled_for.isoformat() for i in ids]
+                ),
+                "confirmed_ats": array_literal([batch.rows[i][1].isoformat() for i in ids]),
+                "enqueued": Occurrence.State.ENQUEUED,
+                **_PENDING_STATES,
+            })  # fmt: skip
     return len(ids)
 
 
@@ -336,7 +353,13 @@ def _record_failures(leases: LeaseSet, failed: dict[int, str], max_attempts: int
         if not leases.fenced_shards():
             return 0
         ids = list(failed)
-        cursor.execute(_FAILED, [ids, [failed[i] for i in ids], max_attempts])
+        cursor.execute(_FAILED, {
+            "ids": ids,
+            "errors": [failed[i] for i in ids],
+            "max_attempts": max_attempts,
+            "dead": Occurrence.State.DEAD,
+            **_PENDING_STATES,
+        })  # fmt: skip
         row = cursor.fetchone()
     parked = int(row[0]) if row else 0
     if parked:
@@ -356,7 +379,6 @@ def relay_step(
     """Read, publish and record one batch (module docstring, steps 1-3). Without a
     `recorder`, recording happens before returning."""
     result = RelayResult()
-    confirmed: dict[int, datetime] = {}
     failed: dict[int, str] = {}
     # The fence (FOR SHARE on the lease rows) is held from the read until the last publish:
     # a schedule change (relay_shard_barrier) waits for it, so nothing it recalls is
@@ -366,15 +388,7 @@ def relay_step(
         if not shards:
             return result
         started = time.perf_counter()
-        until = timezone.now() + timedelta(milliseconds=config.lookahead_ms)
-        inflight = array_literal([str(i) for i in (recorder.inflight_ids() if recorder else [])])
-        rows: list[OutboxRow] = []
-        for lanes, limit in (
-            (FOREGROUND_LANES, config.batch_size),
-            (BACKGROUND_LANES, max(1, int(config.batch_size * config.background_share))),
-        ):
-            cursor.execute(_CLAIM, [shards, until, inflight, array_literal(lanes), limit])
-            rows.extend(OutboxRow(*values) for values in cursor.fetchall())
+        rows = _read_due(cursor, shards, config, recorder)
         result.claimed = len(rows)
         if throttle is not None and rows:
             rows = _apply_quotas(cursor, rows, throttle, result)
@@ -389,16 +403,7 @@ def relay_step(
             if (prepared := _prepare(publisher, messages, failed))
         ]
         built_at = time.perf_counter()
-        for prepared in groups:
-            # Every message of this group shares its instant: wait for it, then publish.
-            due_at = by_id[prepared[0][0].keys[0]].available_at
-            wait = (due_at - timezone.now()).total_seconds()
-            if wait > 0:
-                time.sleep(wait)
-            outcome = publisher.publish_prepared(prepared)
-            result.messages += len(prepared)
-            confirmed.update(outcome.confirmed)
-            failed.update(outcome.failed)
+        confirmed = _publish_on_time(publisher, groups, by_id, failed, result)
     published_at = time.perf_counter()
     if failed:
         log.warning(
@@ -416,14 +421,60 @@ def relay_step(
         "relay step: %d rows read in %.2f s, messages built in %.2f s, published in %.2f s",
         len(rows), claimed_at - started, built_at - claimed_at, published_at - built_at,
     )  # fmt: skip
-    for key, at in confirmed.items():
-        row = by_id[key]
-        reference = row.scheduled_for if row.lane in ("strict", "catchup") else row.available_at
+    _count_published(batch, result)
+    return result
+
+
+def _read_due(
+    cursor: CursorWrapper, shards: list[int], config: RelayConfig, recorder: Recorder | None
+) -> list[OutboxRow]:
+    """Step 1's read: due rows of the fenced `shards` within the look-ahead, minus those
+    published and waiting to be recorded; the on-time lanes first with the whole batch."""
+    until = timezone.now() + timedelta(milliseconds=config.lookahead_ms)
+    inflight = array_literal([str(i) for i in (recorder.inflight_ids() if recorder else [])])
+    rows: list[OutboxRow] = []
+    for lanes, limit in (
+        (FOREGROUND_LANES, config.batch_size),
+        (BACKGROUND_LANES, max(1, int(config.batch_size * config.background_share))),
+    ):
+        cursor.execute(_CLAIM, [shards, until, inflight, array_literal(lanes), limit])
+        rows.extend(OutboxRow(*values) for values in cursor.fetchall())
+    return rows
+
+
+def _publish_on_time(
+    publisher: Publisher,
+    groups: list[list[tuple[OutgoingMessage, Any]]],
+    by_id: dict[int, OutboxRow],
+    failed: dict[int, str],
+    result: RelayResult,
+) -> dict[int, datetime]:
+    """Step 2's publish: each group when its instant arrives (never early); returns the
+    confirm time per outbox id and adds the failures to `failed`."""
+    confirmed: dict[int, datetime] = {}
+    for prepared in groups:
+        # Every message of this group shares its instant: wait for it, then publish.
+        due_at = by_id[prepared[0][0].keys[0]].available_at
+        wait = (due_at - timezone.now()).total_seconds()
+        if wait > 0:
+            time.sleep(wait)
+        outcome = publisher.publish_prepared(prepared)
+        result.messages += len(prepared)
+        confirmed.update(outcome.confirmed)
+        failed.update(outcome.failed)
+    return confirmed
+
+
+def _count_published(batch: ConfirmedBatch, result: RelayResult) -> None:
+    """Lag and publish metrics of a step; the lags also go into `result`."""
+    for row, at in batch.rows.values():
+        reference = row.scheduled_for if row.lane in _LAG_FROM_SCHEDULED_FOR else row.available_at
         lag = (at - reference).total_seconds()
         result.lags.append(lag)
         metrics.schedule_lag_seconds.labels(lane=row.lane).observe(lag)
         # SCHEDULED ends at the confirm; its time is counted from when it came due.
-        metrics.occurrence_state_seconds.labels(state="SCHEDULED").observe(max(lag, 0.0))
+        metrics.occurrence_state_seconds.labels(state=Occurrence.State.SCHEDULED).observe(
+            max(lag, 0.0)
+        )
         metrics.published.labels(lane=row.lane).inc()
     metrics.publish_failures.inc(result.failed)
-    return result

@@ -18,7 +18,9 @@ from dataclasses import dataclass, field
 
 from django.db import connection
 
+from apps.occurrences.models import Lane
 from apps.occurrences.observability import metrics
+from apps.occurrences.observability.metrics import ThrottledBy
 
 
 @dataclass
@@ -75,13 +77,13 @@ class TenantThrottle:
         if trigger_rate <= 0:
             return 0.0  # unknown tenant (deleted?) or unlimited: never block delivery
         delay = self._bucket(self._trigger, tenant_id, trigger_rate, now).take(now)
-        if lane == "catchup" and catchup_rate > 0:
+        catchup = lane == Lane.CATCHUP
+        if catchup and catchup_rate > 0:
             delay = max(delay, self._bucket(self._catchup, tenant_id, catchup_rate, now).take(now))
         if delay > 0:
             self._reserved.add(key)
-            metrics.tenant_throttled.labels(
-                kind="catchup" if lane == "catchup" else "trigger"
-            ).inc()
+            kind = ThrottledBy.CATCHUP_RATE if catchup else ThrottledBy.TRIGGER_RATE
+            metrics.tenant_throttled.labels(kind=kind).inc()
         return delay
 
     @staticmethod

@@ -5,13 +5,13 @@ import time
 from typing import Any
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import CommandParser
 from django.utils import timezone
 
 from apps.occurrences.audit.stuck import stuck_scan
-from apps.occurrences.execution.attempts import attempts_reap
+from apps.occurrences.execution.reaper import attempts_reap
+from apps.occurrences.management.commands._loop_command import LoopCommand, LoopWork
 from apps.occurrences.observability import metrics
-from apps.occurrences.pipeline.loop import process_owner, run_loop
 from apps.occurrences.pipeline.outages import outage_of
 from apps.occurrences.pipeline.redelivery import occurrences_redeliver
 
@@ -20,15 +20,19 @@ log = logging.getLogger("tick.reap")
 REAP_LIMIT = 1000
 
 
-class Command(BaseCommand):
+class Command(LoopCommand):
     help = (
         "Send occurrences whose attempt lease expired back to RETRY_WAIT, and republish "
         "ENQUEUED ones the broker lost (loop)."
     )
+    role = "reaper"
+    logger = log
+    once_help = "one pass, then exit"
+    idle_sleep_flag = "--interval"
+    idle_sleep_default_s = 5.0
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--once", action="store_true")
-        parser.add_argument("--interval", type=float, default=5.0)
+        super().add_arguments(parser)
         parser.add_argument("--grace", type=int, default=10, help="seconds past lease expiry")
         parser.add_argument(
             "--redeliver-after",
@@ -37,17 +41,16 @@ class Command(BaseCommand):
             help="republish ENQUEUED occurrences with no attempt after N s "
             "(default TICK_REDELIVER_AFTER_S)",
         )
-        parser.add_argument("--metrics-port", type=int, default=None)
         parser.add_argument(
             "--scan-interval", type=float, default=30.0, help="stuck-state scan every N s (0: off)"
         )
 
-    def handle(self, *args: Any, **options: Any) -> None:
+    def work(self, options: dict[str, Any]) -> LoopWork:
         redeliver_after = options["redeliver_after"] or settings.TICK_REDELIVER_AFTER_S
         next_scan = 0.0
 
         def scan_stuck_states() -> None:
-            metrics.measure_clock_skew("reaper")
+            metrics.measure_clock_skew(self.role)
             scan = stuck_scan(
                 now=timezone.now(),
                 shards=settings.TICK_SHARDS,
@@ -89,11 +92,4 @@ class Command(BaseCommand):
             full = reaped.expired >= REAP_LIMIT or redelivered.republished >= REAP_LIMIT
             return 1 if full else 0
 
-        run_loop(
-            role="reaper",
-            owner=process_owner("reaper"),
-            unit=unit,
-            idle_sleep_s=options["interval"],
-            once=options["once"],
-            metrics_port=options["metrics_port"],
-        )
+        return LoopWork(unit)

@@ -4,12 +4,11 @@ import logging
 from typing import Any
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandParser
 
+from apps.occurrences.management.commands._loop_command import LoopCommand, LoopWork
 from apps.occurrences.models import ShardLease
 from apps.occurrences.pipeline.broker import Publisher
-from apps.occurrences.pipeline.leases import LeaseSet
-from apps.occurrences.pipeline.loop import process_owner, run_loop
+from apps.occurrences.pipeline.loop import process_leases
 from apps.occurrences.pipeline.relay import Recorder, RelayConfig, relay_step
 from apps.occurrences.pipeline.throttle import TenantThrottle
 from tickweb.celery import app as celery_app
@@ -17,21 +16,15 @@ from tickweb.celery import app as celery_app
 log = logging.getLogger("tick.relay")
 
 
-class Command(BaseCommand):
+class Command(LoopCommand):
     help = "Publish due outbox rows of the shards this process leases to RabbitMQ."
+    role = ShardLease.Role.RELAY
+    logger = log
+    once_help = "one step, then exit"
+    idle_sleep_default_s = 0.1
 
-    def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--metrics-port", type=int, default=None)
-        parser.add_argument("--once", action="store_true", help="one step, then exit")
-        parser.add_argument("--idle-sleep", type=float, default=0.1)
-
-    def handle(self, *args: Any, **options: Any) -> None:
-        leases = LeaseSet(
-            role=ShardLease.Role.RELAY,
-            owner=process_owner("relay"),
-            shards_total=settings.TICK_SHARDS,
-            ttl_s=settings.TICK_LEASE_TTL_S,
-        )
+    def work(self, options: dict[str, Any]) -> LoopWork:
+        leases = process_leases(self.role)
         config = RelayConfig(
             lookahead_ms=settings.TICK_RELAY_LOOKAHEAD_MS,
             batch_size=settings.TICK_RELAY_BATCH,
@@ -68,18 +61,5 @@ class Command(BaseCommand):
             # Deferred rows are not work done now: sleep rather than re-read them at once.
             return result.published + result.failed
 
-        log.info("relay %s starting", leases.owner)
-        try:
-            run_loop(
-                role=leases.role,
-                owner=leases.owner,
-                leases=leases,
-                unit=unit,
-                idle_sleep_s=options["idle_sleep"],
-                once=options["once"],
-                metrics_port=options["metrics_port"],
-                # Record what was confirmed while the shards are still ours.
-                before_release=recorder.stop,
-            )
-        finally:
-            publisher.close()
+        # Record what was confirmed while the shards are still ours.
+        return LoopWork(unit, leases=leases, before_release=recorder.stop, close=publisher.close)
