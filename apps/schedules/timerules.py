@@ -1,7 +1,8 @@
 """Tick's time rules: everything Tick promises about *when*.
 
-Pure Python (no Django). Used by the API (validation, previews), the materializer (memoised
-next-fire computation), and the audit.
+Pure computation (no database; from Django only the ``Schedule.DstGap`` / ``Schedule.DstFold``
+enums that name the DST options). Used by the API (validation, previews) and the materializer
+(memoised next-fire computation); the audit checks it with an evaluator of its own.
 
 Semantics (see ``docs/timerules.md`` for the full contract and examples):
 
@@ -28,12 +29,14 @@ import functools
 import re
 import threading
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from importlib import resources
-from typing import Final, Literal, NamedTuple
+from typing import Final, Literal, NamedTuple, TypeVar
 from zoneinfo import ZoneInfo
+
+from apps.schedules.models import Schedule
 
 __all__ = [
     "DST_FOLD_CHOICES",
@@ -78,10 +81,10 @@ MAX_LIMIT: Final = 100_000
 #: 8 years (2096 -> 2104), so every rule that ``validate`` accepts fires within the horizon.
 SEARCH_HORIZON_YEARS: Final = 10
 
-DstGap = Literal["skip", "shift"]
-DstFold = Literal["first", "both"]
-DST_GAP_CHOICES: Final = ("skip", "shift")
-DST_FOLD_CHOICES: Final = ("first", "both")
+DST_GAP_CHOICES: Final = tuple(Schedule.DstGap.values)
+DST_FOLD_CHOICES: Final = tuple(Schedule.DstFold.values)
+
+_T = TypeVar("_T")
 
 _MAX_YEAR: Final = 9998  # keep a margin below datetime.max for offset arithmetic
 _MIN_INSTANT: Final = datetime(2, 1, 1, tzinfo=UTC)  # and above datetime.min
@@ -530,10 +533,13 @@ def validate(expression: str, time_zone: str) -> None:
 
 
 def _check_options(dst_gap: str, dst_fold: str) -> None:
-    if dst_gap not in DST_GAP_CHOICES:
-        raise TimeRuleError("dst_gap", f"dst_gap must be 'skip' or 'shift', not {dst_gap!r}.")
-    if dst_fold not in DST_FOLD_CHOICES:
-        raise TimeRuleError("dst_fold", f"dst_fold must be 'first' or 'both', not {dst_fold!r}.")
+    for field, value, choices in (
+        ("dst_gap", dst_gap, DST_GAP_CHOICES),
+        ("dst_fold", dst_fold, DST_FOLD_CHOICES),
+    ):
+        if value not in choices:
+            allowed = " or ".join(repr(choice) for choice in choices)
+            raise TimeRuleError(field, f"{field} must be {allowed}, not {value!r}.")
 
 
 def _to_utc(value: object, field: str) -> datetime:
@@ -581,6 +587,30 @@ class _Event(NamedTuple):
     other: datetime | None  # fold: the other instant (naive UTC)
 
 
+class _Query(NamedTuple):
+    """A validated evaluation request: the compiled rule, its zone and the DST options."""
+
+    rule: _Rule
+    zone: str
+    tz: ZoneInfo
+    shift: bool  # dst_gap="shift": matching nonexistent times run at the end of the gap
+    both: bool  # dst_fold="both": repeated times run at both instants
+
+
+def _query(expression: object, time_zone: str, dst_gap: str, dst_fold: str) -> _Query:
+    """Validate in the order errors are reported: expression, zone, DST options."""
+    rule = _compile(expression)
+    tz = get_zone(time_zone)
+    _check_options(dst_gap, dst_fold)
+    return _Query(
+        rule,
+        time_zone,
+        tz,
+        shift=dst_gap == Schedule.DstGap.SHIFT,
+        both=dst_fold == Schedule.DstFold.BOTH,
+    )
+
+
 def _walls(rule: _Rule, start: datetime, last_year: int) -> Iterator[datetime]:
     """Matching naive wall-clock minutes >= ``start`` (minute-aligned), up to ``last_year``."""
     minutes, hours = rule.minutes, rule.hours
@@ -625,36 +655,21 @@ def _transition(tz: ZoneInfo, lo: datetime, hi: datetime) -> datetime:
     return lo + timedelta(seconds=hi_s)
 
 
-def _events(
-    rule: _Rule,
-    tz: ZoneInfo,
-    after: datetime,
-    dst_gap: str,
-    dst_fold: str,
-    last_year: int,
-    with_skipped: bool,
-) -> Iterator[_Event]:
+def _events(query: _Query, after: datetime, last_year: int, with_skipped: bool) -> Iterator[_Event]:
     """Events in ascending UTC order (duplicates of one instant possible, consumers dedupe).
 
     ``after`` is aware UTC; events at or before it may still be produced (consumers filter).
     """
-    both = dst_fold == "both"
-    shift = dst_gap == "shift"
     try:
-        yield from _events_inner(rule, tz, after, shift, both, last_year, with_skipped)
+        yield from _events_inner(query, after, last_year, with_skipped)
     except OverflowError:  # near datetime.min / datetime.max: nothing more to find
         return
 
 
 def _events_inner(
-    rule: _Rule,
-    tz: ZoneInfo,
-    after: datetime,
-    shift: bool,
-    both: bool,
-    last_year: int,
-    with_skipped: bool,
+    query: _Query, after: datetime, last_year: int, with_skipped: bool
 ) -> Iterator[_Event]:
+    rule, tz, shift, both = query.rule, query.tz, query.shift, query.both
     start = after.astimezone(tz).replace(tzinfo=None)
     if both:
         # A repeated wall time earlier than wall(after) can still have its second instant after
@@ -718,11 +733,8 @@ def _window(
 
 
 def _collect(
-    rule: _Rule,
-    tz: ZoneInfo,
+    query: _Query,
     low: datetime,
-    dst_gap: str,
-    dst_fold: str,
     count: int,
     last_year: int | None,
     stop: datetime | None,
@@ -742,7 +754,7 @@ def _collect(
         low_naive = cursor.replace(tzinfo=None)
         segment_end = last_year if last_year is not None else cursor.year + SEARCH_HORIZON_YEARS + 1
         found = False
-        for event in _events(rule, tz, cursor, dst_gap, dst_fold, segment_end, False):
+        for event in _events(query, cursor, segment_end, False):
             instant = event.instant
             if instant <= low_naive:
                 continue
@@ -766,8 +778,8 @@ def next_fire_times(
     after: datetime,
     count: int,
     *,
-    dst_gap: str = "skip",
-    dst_fold: str = "first",
+    dst_gap: str = Schedule.DstGap.SKIP,
+    dst_fold: str = Schedule.DstFold.FIRST,
     start_at: datetime | None = None,
     end_at: datetime | None = None,
 ) -> list[datetime]:
@@ -777,12 +789,10 @@ def next_fire_times(
     (or before ``end_at``). ``start_at``/``end_at`` bound the result to ``[start_at, end_at)``.
     Not memoised (see ``NextFireCache`` for the materializer's path).
     """
-    rule = _compile(expression)
-    tz = get_zone(time_zone)
-    _check_options(dst_gap, dst_fold)
+    query = _query(expression, time_zone, dst_gap, dst_fold)
     count = _check_count(count)
     low, end = _window(after, start_at, end_at)
-    return _collect(rule, tz, low, dst_gap, dst_fold, count, None, end, False)
+    return _collect(query, low, count, None, end, False)
 
 
 def next_fire_time(
@@ -790,47 +800,16 @@ def next_fire_time(
     time_zone: str,
     after: datetime,
     *,
-    dst_gap: str = "skip",
-    dst_fold: str = "first",
+    dst_gap: str = Schedule.DstGap.SKIP,
+    dst_fold: str = Schedule.DstFold.FIRST,
     start_at: datetime | None = None,
     end_at: datetime | None = None,
 ) -> datetime | None:
     """The next fire instant strictly after ``after`` (aware UTC), or None within the horizon."""
-    found = next_fire_times(
-        expression,
-        time_zone,
-        after,
-        1,
-        dst_gap=dst_gap,
-        dst_fold=dst_fold,
-        start_at=start_at,
-        end_at=end_at,
-    )
+    query = _query(expression, time_zone, dst_gap, dst_fold)
+    low, end = _window(after, start_at, end_at)
+    found = _collect(query, low, 1, None, end, False)
     return found[0] if found else None
-
-
-def _fire_times_between_uncached(
-    expression: str,
-    time_zone: str,
-    after: datetime,
-    until: datetime,
-    dst_gap: str,
-    dst_fold: str,
-    limit: int,
-) -> tuple[datetime, ...]:
-    rule = _compile(expression)
-    tz = get_zone(time_zone)
-    _check_options(dst_gap, dst_fold)
-    limit = _check_count(limit, "limit", MAX_LIMIT)
-    low = _to_utc(after, "after")
-    high = _to_utc(until, "until")
-    if high <= low:
-        return ()
-    try:
-        last_year = high.astimezone(tz).year + 1
-    except OverflowError:
-        last_year = _MAX_YEAR
-    return tuple(_collect(rule, tz, low, dst_gap, dst_fold, limit, last_year, high, True))
 
 
 # --------------------------------------------------------------------------------------------
@@ -842,8 +821,8 @@ def resolve_one_shot(
     run_at: datetime | str,
     time_zone: str,
     *,
-    dst_gap: str = "skip",
-    dst_fold: str = "first",
+    dst_gap: str = Schedule.DstGap.SKIP,
+    dst_fold: str = Schedule.DstFold.FIRST,
 ) -> datetime:
     """The UTC instant of a one-shot schedule.
 
@@ -870,14 +849,14 @@ def resolve_one_shot(
     if off0 >= off1:  # unique, or repeated: the first instant uses the pre-transition offset
         return (wall - off0).replace(tzinfo=UTC)
     moment = _transition(tz, wall - off1, wall - off0)
-    if dst_gap == "shift":
+    if dst_gap == Schedule.DstGap.SHIFT:
         return moment.replace(tzinfo=UTC)
     before, after_jump = _jump(tz, moment)
     raise TimeRuleError(
         "run_at",
         f"{wall:%Y-%m-%d %H:%M} does not exist in {time_zone}: clocks jump from "
         f"{before} to {after_jump} that day. Choose another time, or set "
-        f"dst_gap='shift' to run at {after_jump}.",
+        f"dst_gap={Schedule.DstGap.SHIFT.value!r} to run at {after_jump}.",
     )
 
 
@@ -938,13 +917,17 @@ def preview_one_shot(run_at: datetime, time_zone: str) -> PreviewEntry:
     if run_at.tzinfo is None:
         raise TimeRuleError("run_at", "run_at must be timezone-aware here.")
     tz = get_zone(time_zone)
-    at_utc = run_at.astimezone(UTC)
+    return _entry(run_at.astimezone(UTC), tz, ())
+
+
+def _entry(at_utc: datetime, tz: ZoneInfo, notes: tuple[str, ...]) -> PreviewEntry:
     local = at_utc.astimezone(tz)
     return PreviewEntry(
         at_utc=at_utc,
         local_time=local,
         utc_offset=_offset_text(local.utcoffset()),
         abbreviation=local.tzname() or "",
+        notes=notes,
     )
 
 
@@ -976,11 +959,11 @@ def _jump(tz: ZoneInfo, moment: datetime) -> tuple[str, str]:
     return f"{before:%H:%M}", f"{after:%H:%M}"
 
 
-def _gap_note(walls: list[datetime], zone: str, tz: ZoneInfo, moment: datetime, shift: bool) -> str:
-    before, after_jump = _jump(tz, moment)
+def _gap_note(walls: list[datetime], query: _Query, moment: datetime, shift: bool) -> str:
+    before, after_jump = _jump(query.tz, moment)
     verb = "does" if len(walls) == 1 else "do"
     head = (
-        f"{_hm(walls)} {verb} not exist on {walls[0]:%Y-%m-%d} in {zone} "
+        f"{_hm(walls)} {verb} not exist on {walls[0]:%Y-%m-%d} in {query.zone} "
         f"(clocks jump from {before} to {after_jump})"
     )
     if shift:
@@ -994,8 +977,8 @@ def preview(
     after: datetime,
     count: int,
     *,
-    dst_gap: str = "skip",
-    dst_fold: str = "first",
+    dst_gap: str = Schedule.DstGap.SKIP,
+    dst_fold: str = Schedule.DstFold.FIRST,
     start_at: datetime | None = None,
     end_at: datetime | None = None,
 ) -> list[PreviewEntry]:
@@ -1003,82 +986,89 @@ def preview(
 
     The instants are exactly those of ``next_fire_times`` with the same arguments.
     """
-    rule = _compile(expression)
-    tz = get_zone(time_zone)
-    _check_options(dst_gap, dst_fold)
+    query = _query(expression, time_zone, dst_gap, dst_fold)
     count = _check_count(count)
     low, end = _window(after, start_at, end_at)
-    low_naive = low.replace(tzinfo=None)
-    end_naive = end.replace(tzinfo=None) if end is not None else None
-    times = _collect(rule, tz, low, dst_gap, dst_fold, count, None, end, False)
+    times = _collect(query, low, count, None, end, False)
     if not times:
         return []
-    last_year = times[-1].astimezone(tz).year + 1
-    entries: list[PreviewEntry] = []
-    skipped: dict[datetime, list[datetime]] = {}  # transition -> skipped walls, not yet shown
-    current: datetime | None = None
-    current_skipped: dict[datetime, list[datetime]] = {}
-    notes: list[str] = []
-    shifted: list[datetime] = []
-
-    def flush() -> None:
-        if current is None:
-            return
-        note_list = [
-            _gap_note(walls, time_zone, tz, moment, False)
-            for moment, walls in current_skipped.items()
-        ]
-        if shifted:
-            note_list.append(_gap_note(shifted, time_zone, tz, current, True))
-        note_list.extend(notes)
-        local = current.replace(tzinfo=UTC).astimezone(tz)
-        entries.append(
-            PreviewEntry(
-                at_utc=current.replace(tzinfo=UTC),
-                local_time=local,
-                utc_offset=_offset_text(local.utcoffset()),
-                abbreviation=local.tzname() or "",
-                notes=tuple(note_list),
-            )
-        )
-
-    for event in _events(rule, tz, low, dst_gap, dst_fold, last_year, True):
-        instant = event.instant
-        if instant <= low_naive:
+    # Walk the events again, skipped times included, to word the notes of those instants.
+    last_year = times[-1].astimezone(query.tz).year + 1
+    low_naive = low.replace(tzinfo=None)
+    end_naive = end.replace(tzinfo=None) if end is not None else None
+    entries = _PreviewEntries(query, count)
+    for event in _events(query, low, last_year, True):
+        if event.instant <= low_naive:
             continue
-        if end_naive is not None and instant >= end_naive:
+        if end_naive is not None and event.instant >= end_naive:
             break
+        if not entries.add(event):
+            break
+    return entries.finish()
+
+
+class _PreviewEntries:
+    """Turns events into entries: one per instant, with the notes of its events, and the notes
+    of skipped times carried to the next entry (skipped times get no entry of their own)."""
+
+    def __init__(self, query: _Query, count: int) -> None:
+        self.query = query
+        self.count = count
+        self.entries: list[PreviewEntry] = []
+        self.skipped: dict[datetime, list[datetime]] = {}  # transition -> walls, not yet shown
+        self.current: datetime | None = None  # the instant of the entry being collected
+        self.current_skipped: dict[datetime, list[datetime]] = {}
+        self.notes: list[str] = []
+        self.shifted: list[datetime] = []
+
+    def add(self, event: _Event) -> bool:
+        """Take the next event; False once ``count`` entries are complete."""
         if event.kind == _SKIPPED:
-            skipped.setdefault(instant, []).append(event.wall)
-            continue
-        if instant != current:
-            flush()
-            if len(entries) >= count:
-                current = None
-                break
-            current = instant
-            current_skipped = dict(skipped)
-            skipped.clear()
-            notes = []
-            shifted = []
+            self.skipped.setdefault(event.instant, []).append(event.wall)
+            return True
+        if event.instant != self.current:
+            self._flush()
+            if len(self.entries) >= self.count:
+                self.current = None
+                return False
+            self.current = event.instant
+            self.current_skipped = dict(self.skipped)
+            self.skipped.clear()
+            self.notes = []
+            self.shifted = []
         if event.kind == _SHIFTED:
-            shifted.append(event.wall)
+            self.shifted.append(event.wall)
         elif event.kind in (_FOLD_FIRST, _FOLD_SECOND):
-            notes.append(_fold_note(event, time_zone, tz, dst_fold))
-    flush()
-    return entries[:count]
+            self.notes.append(_fold_note(event, self.query))
+        return True
+
+    def finish(self) -> list[PreviewEntry]:
+        self._flush()
+        return self.entries[: self.count]
+
+    def _flush(self) -> None:
+        if self.current is None:
+            return
+        notes = [
+            _gap_note(walls, self.query, moment, False)
+            for moment, walls in self.current_skipped.items()
+        ]
+        if self.shifted:
+            notes.append(_gap_note(self.shifted, self.query, self.current, True))
+        notes.extend(self.notes)
+        self.entries.append(_entry(self.current.replace(tzinfo=UTC), self.query.tz, tuple(notes)))
 
 
-def _fold_note(event: _Event, zone: str, tz: ZoneInfo, dst_fold: str) -> str:
+def _fold_note(event: _Event, query: _Query) -> str:
     assert event.other is not None
     first, second = sorted((event.instant, event.other))
-    moment = _transition(tz, first, second)
-    before, after_fall = _jump(tz, moment)
+    moment = _transition(query.tz, first, second)
+    before, after_fall = _jump(query.tz, moment)
     head = (
-        f"{event.wall:%H:%M} occurs twice on {event.wall:%Y-%m-%d} in {zone} "
+        f"{event.wall:%H:%M} occurs twice on {event.wall:%Y-%m-%d} in {query.zone} "
         f"(clocks fall back from {before} to {after_fall})"
     )
-    if dst_fold == "first":
+    if not query.both:
         return f"{head} — runs once, at {first:%H:%M} UTC; not again at {second:%H:%M} UTC"
     if event.kind == _FOLD_FIRST:
         return f"{head} — first of two runs ({first:%H:%M} UTC; again at {second:%H:%M} UTC)"
@@ -1121,19 +1111,13 @@ class NextFireCache:
         with self._lock:
             self._evaluations += 1
 
+    # The memo keys: flat argument lists (a nested tuple would cost every lookup a rehash).
     def _compute_next(
-        self,
-        expression: str,
-        time_zone: str,
-        dst_gap: str,
-        dst_fold: str,
-        after: datetime,
+        self, expression: str, time_zone: str, dst_gap: str, dst_fold: str, after: datetime
     ) -> datetime | None:
         self._count()
-        rule = _compile(expression)
-        tz = get_zone(time_zone)
-        _check_options(dst_gap, dst_fold)
-        found = _collect(rule, tz, after, dst_gap, dst_fold, 1, None, None, False)
+        query = _query(expression, time_zone, dst_gap, dst_fold)
+        found = _collect(query, after, 1, None, None, False)
         return found[0] if found else None
 
     def _compute_range(
@@ -1147,9 +1131,17 @@ class NextFireCache:
         limit: int,
     ) -> tuple[datetime, ...]:
         self._count()
-        return _fire_times_between_uncached(
-            expression, time_zone, after, until, dst_gap, dst_fold, limit
-        )
+        query = _query(expression, time_zone, dst_gap, dst_fold)
+        limit = _check_count(limit, "limit", MAX_LIMIT)
+        low = _to_utc(after, "after")
+        high = _to_utc(until, "until")
+        if high <= low:
+            return ()
+        try:
+            last_year = high.astimezone(query.tz).year + 1
+        except OverflowError:
+            last_year = _MAX_YEAR
+        return tuple(_collect(query, low, limit, last_year, high, True))
 
     def next_after(
         self,
@@ -1157,16 +1149,13 @@ class NextFireCache:
         time_zone: str,
         after: datetime,
         *,
-        dst_gap: str = "skip",
-        dst_fold: str = "first",
+        dst_gap: str = Schedule.DstGap.SKIP,
+        dst_fold: str = Schedule.DstFold.FIRST,
     ) -> datetime | None:
         """Memoised ``next_fire_time`` (aware UTC or None)."""
         if after.tzinfo is not UTC:
             after = _to_utc(after, "after")
-        try:
-            return self._next(expression, time_zone, dst_gap, dst_fold, after)
-        except TypeError:
-            raise TimeRuleError("expression", "expression and time_zone must be strings.") from None
+        return _lookup(self._next, expression, time_zone, dst_gap, dst_fold, after)
 
     def fire_times_between(
         self,
@@ -1175,17 +1164,17 @@ class NextFireCache:
         after: datetime,
         until: datetime,
         *,
-        dst_gap: str = "skip",
-        dst_fold: str = "first",
+        dst_gap: str = Schedule.DstGap.SKIP,
+        dst_fold: str = Schedule.DstFold.FIRST,
         limit: int = 1000,
     ) -> list[datetime]:
-        """Memoised: all fire instants in ``(after, until]``, ascending, at most ``limit``."""
+        """Memoised: all fire instants in ``(after, until]`` (aware UTC, ascending), at most
+        ``limit``. Apply a schedule's ``start_at``/``end_at`` by narrowing ``after``/``until``
+        before calling."""
         after = _to_utc(after, "after")
         until = _to_utc(until, "until")
-        try:
-            return list(self._range(expression, time_zone, dst_gap, dst_fold, after, until, limit))
-        except TypeError:
-            raise TimeRuleError("expression", "expression and time_zone must be strings.") from None
+        key = (expression, time_zone, dst_gap, dst_fold, after, until, limit)
+        return list(_lookup(self._range, *key))
 
     def next_after_many(
         self, items: Iterable[tuple[str, str, str, str, datetime]]
@@ -1234,30 +1223,15 @@ class NextFireCache:
             self._evaluations = 0
 
 
+def _lookup(memo: Callable[..., _T], *key: object) -> _T:
+    """``memo(*key)``; an unhashable key means an expression or zone that is not a string."""
+    try:
+        return memo(*key)
+    except TypeError:
+        raise TimeRuleError("expression", "expression and time_zone must be strings.") from None
+
+
 default_cache: Final = NextFireCache()
-
-
-def fire_times_between(
-    expression: str,
-    time_zone: str,
-    after: datetime,
-    until: datetime,
-    *,
-    dst_gap: str = "skip",
-    dst_fold: str = "first",
-    limit: int = 1000,
-) -> list[datetime]:
-    """All fire instants in ``(after, until]`` (aware UTC, ascending), at most ``limit``.
-
-    Memoised in ``default_cache``. Apply a schedule's ``start_at``/``end_at`` by narrowing
-    ``after``/``until`` before calling.
-    """
-    return default_cache.fire_times_between(
-        expression,
-        time_zone,
-        after,
-        until,
-        dst_gap=dst_gap,
-        dst_fold=dst_fold,
-        limit=limit,
-    )
+#: All fire instants in ``(after, until]`` (aware UTC, ascending), at most ``limit``: the
+#: memoised ``NextFireCache.fire_times_between`` of ``default_cache``.
+fire_times_between: Final = default_cache.fire_times_between

@@ -2,10 +2,10 @@
 
 For every schedule version, the audit recomputes the instants the version should have
 produced inside `[from, to)` and compares them with the stored occurrences. The expected
-instants come from an **independent code path**: a cron matcher of its own (`CronRule`)
-that enumerates candidate local wall times day by day and converts them to UTC with
-`zoneinfo` directly. Neither `materializer.py` (`_plan`, `_fires`, `_latest_before`) nor
-`timerules.py` is called, so a bug in either cannot hide itself here.
+instants come from an **independent code path**: `cron_matcher.py`, the second cron
+evaluator, which walks the local wall clock minute by minute and decides DST by reading the
+clock back through `zoneinfo`. Neither `materializer.py` (`_plan`, `_fires`, `_latest_before`)
+nor `timerules.py` is called, so a bug in either cannot hide itself here.
 
 Chunk by chunk (bounded memory: one chunk of `chunk_size` schedules with their versions,
 events, occurrences and outbox ids at a time), each chunk read in one REPEATABLE READ
@@ -38,22 +38,21 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import re
 import time
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
-from zoneinfo import ZoneInfo
 
 from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
+from apps.occurrences.audit import cron_matcher
 from apps.occurrences.models import OCCURRENCE_NAMESPACE, Occurrence
-from apps.schedules.models import Schedule
+from apps.schedules.models import Schedule, ScheduleEvent
 
 STUCK = ("stuck_enqueued", "stuck_scheduled", "stuck_running", "unmaterialized")
 FAILING = ("missing", "unexpected", "stranded", *STUCK)
@@ -76,150 +75,19 @@ _NEEDS_OUTBOX = (Occurrence.State.SCHEDULED, Occurrence.State.RETRY_WAIT)
 # Stored outside the version's interval (or inside a pause) and still fine: the lifecycle
 # invalidated rows that had been materialized ahead of the change.
 _INVALIDATED = (Occurrence.State.SUPERSEDED, Occurrence.State.CANCELED)
-
-# --------------------------------------------------------------------------------------------
-# The independent cron matcher
-# --------------------------------------------------------------------------------------------
-
-_MACROS = {
-    "@yearly": "0 0 1 1 *",
-    "@annually": "0 0 1 1 *",
-    "@monthly": "0 0 1 * *",
-    "@weekly": "0 0 * * 0",
-    "@daily": "0 0 * * *",
-    "@midnight": "0 0 * * *",
-    "@hourly": "0 * * * *",
-}
-_NAMES: tuple[dict[str, int], ...] = (
-    {},
-    {},
-    {},
-    {n: i + 1 for i, n in enumerate("jan feb mar apr may jun jul aug sep oct nov dec".split())},
-    {n: i for i, n in enumerate("sun mon tue wed thu fri sat".split())},
-)
-_BOUNDS = ((0, 59), (0, 23), (1, 31), (1, 12), (0, 7))
-_PART = re.compile(r"^(\*|\w+)(?:-(\w+))?(?:/(\d+))?$")
-
-
-def _value(text: str, index: int) -> int:
-    names = _NAMES[index]
-    return names[text.lower()] if text.lower() in names else int(text)
-
-
-def _field(text: str, index: int) -> frozenset[int]:
-    low, high = _BOUNDS[index]
-    out: set[int] = set()
-    for part in text.split(","):
-        m = _PART.match(part)
-        if m is None:
-            raise ValueError(f"bad cron field {text!r}")
-        head, tail, step = m.group(1), m.group(2), int(m.group(3) or 1)
-        if head == "*":
-            a, b = low, high
-        else:
-            a = _value(head, index)
-            b = _value(tail, index) if tail else (high if m.group(3) else a)
-        out.update(range(a, b + 1, step))
-    if index == 4 and 7 in out:
-        out = (out - {7}) | {0}
-    return frozenset(out)
-
-
-@dataclass(frozen=True)
-class CronRule:
-    minutes: tuple[int, ...]
-    hours: tuple[int, ...]
-    dom: frozenset[int]
-    months: frozenset[int]
-    dow: frozenset[int]  # Sunday == 0
-    day_or: bool  # both day fields restricted: a day matches if either does
-
-    @classmethod
-    def parse(cls, expression: str) -> CronRule:
-        text = _MACROS.get(expression.strip().lower(), expression)
-        fields = text.split()
-        if len(fields) != 5:
-            raise ValueError(f"bad cron expression {expression!r}")
-        sets = [_field(f, i) for i, f in enumerate(fields)]
-        return cls(
-            minutes=tuple(sorted(sets[0])),
-            hours=tuple(sorted(sets[1])),
-            dom=sets[2],
-            months=sets[3],
-            dow=sets[4],
-            day_or=fields[2] != "*" and fields[4] != "*",
-        )
-
-    def matches_day(self, day: date) -> bool:
-        if day.month not in self.months:
-            return False
-        dom_ok = day.day in self.dom
-        dow_ok = (day.isoweekday() % 7) in self.dow
-        return (dom_ok or dow_ok) if self.day_or else (dom_ok and dow_ok)
-
-
-def _zone(name: str) -> ZoneInfo:
-    return ZoneInfo(name)
-
-
-def _first_existing_after(wall: datetime, tz: ZoneInfo) -> datetime:
-    """UTC instant of the first existing local minute after a nonexistent `wall`: the end of
-    the gap, where dst_gap="shift" runs everything that matched inside it."""
-    probe = wall
-    for _ in range(24 * 60):
-        probe += timedelta(minutes=1)
-        aware = probe.replace(tzinfo=tz)
-        back = aware.astimezone(UTC).astimezone(tz).replace(tzinfo=None)
-        if back == probe:
-            # The jump itself may fall inside this minute (rare historic offsets): use the
-            # exact transition, the first UTC second whose local offset is the new one.
-            utc = aware.astimezone(UTC)
-            while (utc - timedelta(seconds=1)).astimezone(tz).utcoffset() == aware.utcoffset():
-                utc -= timedelta(seconds=1)
-            return utc
-    raise ValueError(f"no end of the DST gap after {wall} in {tz}")
-
-
-@functools.lru_cache(maxsize=2048)
-def expected_cron_instants(
-    expression: str, time_zone: str, dst_gap: str, dst_fold: str, lo: datetime, hi: datetime
-) -> tuple[datetime, ...]:
-    """Every instant in [lo, hi) (aware UTC) at which the rule fires, ascending.
-
-    Enumerates each local calendar day that can touch the window, each matching hour and
-    minute of it, and turns the naive wall time into UTC: a time that exists once is one
-    instant; a repeated one (fall back) is its first instant, or both with dst_fold="both";
-    a nonexistent one (spring forward) is dropped, or with dst_gap="shift" moved to the end
-    of the gap (several matches of one gap collapse into that single instant).
-    """
-    rule = CronRule.parse(expression)
-    tz = _zone(time_zone)
-    out: set[datetime] = set()
-    day = lo.astimezone(tz).date() - timedelta(days=1)
-    last = hi.astimezone(tz).date() + timedelta(days=1)
-    while day <= last:
-        if rule.matches_day(day):
-            for hour in rule.hours:
-                for minute in rule.minutes:
-                    wall = datetime(day.year, day.month, day.day, hour, minute)  # noqa: DTZ001
-                    first = wall.replace(tzinfo=tz, fold=0)
-                    second = wall.replace(tzinfo=tz, fold=1)
-                    u0, u1 = first.astimezone(UTC), second.astimezone(UTC)
-                    exists = u0.astimezone(tz).replace(tzinfo=None) == wall
-                    if not exists:
-                        if dst_gap == "shift":
-                            out.add(_first_existing_after(wall, tz))
-                        continue
-                    out.add(u0)
-                    if dst_fold == "both" and u1 != u0:
-                        out.add(u1)
-        day += timedelta(days=1)
-    return tuple(sorted(t for t in out if lo <= t < hi))
-
-
-# --------------------------------------------------------------------------------------------
-# The audit
-# --------------------------------------------------------------------------------------------
+# The states in which next_run_at is the materializer's frontier for the current version.
+_FRONTIER_STATES = (Schedule.State.ACTIVE, Schedule.State.PAUSED)
+# The lifecycle events that tell where instants may rightly have no row.
+_LIFECYCLE_KINDS = [
+    str(kind)
+    for kind in (
+        ScheduleEvent.Kind.PAUSED,
+        ScheduleEvent.Kind.RESUMED,
+        ScheduleEvent.Kind.MISSED,
+        ScheduleEvent.Kind.CANCELED,
+    )
+]
+_ONE_MICROSECOND = timedelta(microseconds=1)
 
 
 @dataclass
@@ -324,17 +192,28 @@ def _dt(value: Any) -> datetime | None:
     return datetime.fromisoformat(str(value))
 
 
+@functools.lru_cache(maxsize=2048)
+def expected_cron_instants(
+    expression: str, time_zone: str, dst_gap: str, dst_fold: str, lo: datetime, hi: datetime
+) -> tuple[datetime, ...]:
+    """Every instant in [lo, hi) (aware UTC) at which the rule fires, ascending, from the
+    independent matcher; memoised because thousands of schedules share a rule and a window."""
+    return cron_matcher.fire_times(
+        expression, time_zone, lo, hi, dst_gap=dst_gap, dst_fold=dst_fold
+    )
+
+
 def _rule_instants(defn: dict[str, Any], lo: datetime, hi: datetime) -> tuple[datetime, ...]:
     if lo >= hi:
         return ()
-    if defn["kind"] == "ONE_SHOT":
+    if defn["kind"] == Schedule.Kind.ONE_SHOT:
         run_at = _dt(defn.get("run_at"))
         return (run_at,) if run_at is not None and lo <= run_at < hi else ()
     return expected_cron_instants(
         defn["expression"],
         defn.get("time_zone") or "UTC",
-        defn.get("dst_gap") or "skip",
-        defn.get("dst_fold") or "first",
+        defn.get("dst_gap") or Schedule.DstGap.SKIP,
+        defn.get("dst_fold") or Schedule.DstFold.FIRST,
         lo,
         hi,
     )
@@ -357,7 +236,7 @@ _VERSIONS_SQL = """
 """
 _EVENTS_SQL = """
     SELECT schedule_id, kind, version, at, detail FROM schedules_scheduleevent
-    WHERE schedule_id = ANY(%s::uuid[]) AND kind IN ('paused', 'resumed', 'missed', 'canceled')
+    WHERE schedule_id = ANY(%s::uuid[]) AND kind = ANY(%s)
     ORDER BY schedule_id, at, id
 """
 # Through occurrence_instant_uniq (schedule_id, schedule_version, scheduled_for).
@@ -455,7 +334,7 @@ def _load(
             if isinstance(definition, str):
                 definition = json.loads(definition)
             schedules[sid].versions.append(_Version(version, definition, valid_from, valid_to))
-        cursor.execute(_EVENTS_SQL, [ids])
+        cursor.execute(_EVENTS_SQL, [ids, _LIFECYCLE_KINDS])
         for sid, kind, version, at, detail in cursor.fetchall():
             if isinstance(detail, str):
                 detail = json.loads(detail)
@@ -470,12 +349,16 @@ def _load(
 
 
 def _apply_event(schedule: _Schedule, kind: str, version: int, at: datetime, detail: Any) -> None:
-    if kind == "paused":
+    if kind == ScheduleEvent.Kind.PAUSED:
         schedule.pauses.append((at, None))
-    elif kind in ("resumed", "canceled"):
+    elif kind in (ScheduleEvent.Kind.RESUMED, ScheduleEvent.Kind.CANCELED):
         if schedule.pauses and schedule.pauses[-1][1] is None:
             schedule.pauses[-1] = (schedule.pauses[-1][0], at)
-    elif kind == "missed" and isinstance(detail, dict) and not detail.get("count_exact", True):
+    elif (
+        kind == ScheduleEvent.Kind.MISSED
+        and isinstance(detail, dict)
+        and not detail.get("count_exact", True)
+    ):
         # Rows exist for the latest recorded instants only; the older ones of
         # [first_pending, earliest recorded) were counted, not stored.
         first = _dt(detail.get("first_pending"))
@@ -485,7 +368,7 @@ def _apply_event(schedule: _Schedule, kind: str, version: int, at: datetime, det
             schedule.summarised.setdefault(version, []).append((first, upto))
 
 
-def _inside(spans: list[tuple[datetime, datetime | None]], t: datetime) -> bool:
+def _inside(spans: Sequence[tuple[datetime, datetime | None]], t: datetime) -> bool:
     return any(a <= t and (b is None or t < b) for a, b in spans)
 
 
@@ -497,6 +380,7 @@ def _reconcile_schedule(
     start: datetime,
     end: datetime,
 ) -> None:
+    """Steps 3 and 4 for one schedule, version by version."""
     report.stored += len(rows)
     by_version: dict[int, dict[datetime, tuple[Any, ...]]] = defaultdict(dict)
     for row in rows:
@@ -508,45 +392,12 @@ def _reconcile_schedule(
     for ver in schedule.versions:
         report.versions += 1
         seen_versions.add(ver.version)
-        defn = ver.definition
-        lo = max(start, ver.valid_from + timedelta(microseconds=1))
-        if kept_floor is not None:
-            lo = max(lo, kept_floor + timedelta(microseconds=1))
-        start_at = _dt(defn.get("start_at"))
-        if start_at is not None:
-            lo = max(lo, start_at)
-        hi = end
-        for bound in (ver.valid_to, _dt(defn.get("end_at"))):
-            if bound is not None:
-                hi = min(hi, bound)
-        frontier: datetime | None = None
-        if ver.version == schedule.version and schedule.state in ("ACTIVE", "PAUSED"):
-            frontier = schedule.next_run_at
         mine = by_version.get(ver.version, {})
-        expected = _rule_instants(defn, lo, hi)
-        summarised = schedule.summarised.get(ver.version, [])
-        for t in expected:
-            found = mine.pop(t) if t in mine else None
-            if found is not None:
-                _classify_stored(report, sid, found, outboxed)
-            elif frontier is not None and t >= frontier:
-                report.counts["beyond_frontier"] += 1
-            elif _inside(schedule.pauses, t):
-                report.counts["paused"] += 1
-            elif _inside([(a, b) for a, b in summarised], t):
-                report.counts["missed_summarised"] += 1
-            else:
-                report.add(Finding("missing", sid, ver.version, t.isoformat()))
+        lo, hi = _version_window(ver, kept_floor, start, end)
+        expected = _rule_instants(ver.definition, lo, hi)
+        _classify_expected(report, schedule, ver, mine, expected, outboxed)
         if mine:
-            # Rows outside the expected set: fine only if the lifecycle invalidated them and
-            # they lie on the version's own rule (materialized ahead of an update, pause or
-            # cancel), or they are inside a pause.
-            on_rule = set(_rule_instants(defn, start, end))
-            for t, row in sorted(mine.items()):
-                if t in on_rule and (row[3] in _INVALIDATED or _inside(schedule.pauses, t)):
-                    _classify_stored(report, sid, row, outboxed)
-                else:
-                    _unexpected(report, sid, row)
+            _classify_unexpected(report, schedule, ver, mine, outboxed, start, end)
         kept = [t for t, _ in _kept_rows(rows, ver.version)]
         if kept:
             top = max(kept)
@@ -555,6 +406,75 @@ def _reconcile_schedule(
         if version not in seen_versions:
             for row in remaining.values():
                 _unexpected(report, sid, row)
+
+
+def _version_window(
+    ver: _Version, kept_floor: datetime | None, start: datetime, end: datetime
+) -> tuple[datetime, datetime]:
+    """[lo, hi) in which the version owes instants: inside the audit window, after it became
+    valid and after what an older version kept, within its start_at / end_at, before valid_to."""
+    defn = ver.definition
+    lo = max(start, ver.valid_from + _ONE_MICROSECOND)
+    if kept_floor is not None:
+        lo = max(lo, kept_floor + _ONE_MICROSECOND)
+    start_at = _dt(defn.get("start_at"))
+    if start_at is not None:
+        lo = max(lo, start_at)
+    hi = end
+    for bound in (ver.valid_to, _dt(defn.get("end_at"))):
+        if bound is not None:
+            hi = min(hi, bound)
+    return lo, hi
+
+
+def _classify_expected(
+    report: ReconcileReport,
+    schedule: _Schedule,
+    ver: _Version,
+    mine: dict[datetime, tuple[Any, ...]],
+    expected: tuple[datetime, ...],
+    outboxed: set[bytes],
+) -> None:
+    """Step 4 for the expected instants: by the state of the stored row (taken out of `mine`),
+    or, without one, by why it may rightly be absent - else missing."""
+    sid = str(schedule.id)
+    frontier: datetime | None = None
+    if ver.version == schedule.version and schedule.state in _FRONTIER_STATES:
+        frontier = schedule.next_run_at
+    summarised = schedule.summarised.get(ver.version, [])
+    for t in expected:
+        found = mine.pop(t) if t in mine else None
+        if found is not None:
+            _classify_stored(report, sid, found, outboxed)
+        elif frontier is not None and t >= frontier:
+            report.counts["beyond_frontier"] += 1
+        elif _inside(schedule.pauses, t):
+            report.counts["paused"] += 1
+        elif _inside(summarised, t):
+            report.counts["missed_summarised"] += 1
+        else:
+            report.add(Finding("missing", sid, ver.version, t.isoformat()))
+
+
+def _classify_unexpected(
+    report: ReconcileReport,
+    schedule: _Schedule,
+    ver: _Version,
+    mine: dict[datetime, tuple[Any, ...]],
+    outboxed: set[bytes],
+    start: datetime,
+    end: datetime,
+) -> None:
+    """Step 4 for the version's rows outside the expected set: fine only if the lifecycle
+    invalidated them and they lie on the version's own rule (materialized ahead of an update,
+    pause or cancel), or they are inside a pause."""
+    sid = str(schedule.id)
+    on_rule = set(_rule_instants(ver.definition, start, end))
+    for t, row in sorted(mine.items()):
+        if t in on_rule and (row[3] in _INVALIDATED or _inside(schedule.pauses, t)):
+            _classify_stored(report, sid, row, outboxed)
+        else:
+            _unexpected(report, sid, row)
 
 
 def _kept_rows(rows: list[tuple[Any, ...]], version: int) -> Iterator[tuple[datetime, Any]]:

@@ -24,9 +24,12 @@ from typing import Any
 
 from django.db import connection
 
+from apps.occurrences.models import Occurrence
 from apps.occurrences.observability import metrics
+from apps.schedules.models import Schedule
 
 BUCKETS = (("1m", 60), ("5m", 300), ("15m", 900))
+_ACTIVE = Schedule.State.ACTIVE.value
 
 
 @dataclass
@@ -63,24 +66,26 @@ _OUTBOX_BY_TENANT = """
 _ENQUEUED = """
     SELECT count(*) FILTER (WHERE enqueued_at < %(bound)s), min(enqueued_at)
     FROM occurrences_occurrence
-    WHERE state = 'ENQUEUED' AND scheduled_for >= %(since)s AND scheduled_for <= %(now)s
+    WHERE state = %(enqueued)s AND scheduled_for >= %(since)s AND scheduled_for <= %(now)s
 """
 _RUNNING = """
     SELECT count(*) FROM occurrences_attempt
     WHERE finished_at IS NULL AND lease_expires_at < %(grace)s
 """
-# One probe of schedule_due_idx per shard: the earliest next_run_at and the late count.
-_SCHEDULES = """
+# One probe of schedule_due_idx per shard: the earliest next_run_at and the late count. The
+# state is spelled into the text, not passed as a parameter: the index is partial on
+# `state = 'ACTIVE'`, and a generic plan with `state = $1` could not use it.
+_SCHEDULES = f"""
     SELECT min(first.next_run_at), coalesce(sum(late.n), 0)
     FROM generate_series(0, %(shards)s - 1) AS g(shard)
     CROSS JOIN LATERAL (
         SELECT next_run_at FROM schedules_schedule
-        WHERE shard = g.shard AND state = 'ACTIVE' AND next_run_at IS NOT NULL
+        WHERE shard = g.shard AND state = '{_ACTIVE}' AND next_run_at IS NOT NULL
         ORDER BY next_run_at LIMIT 1
     ) AS first
     CROSS JOIN LATERAL (
         SELECT count(*) AS n FROM schedules_schedule
-        WHERE shard = g.shard AND state = 'ACTIVE' AND next_run_at IS NOT NULL
+        WHERE shard = g.shard AND state = '{_ACTIVE}' AND next_run_at IS NOT NULL
           AND next_run_at < %(late)s
     ) AS late
 """
@@ -111,6 +116,7 @@ def stuck_scan(
         "grace": now - timedelta(seconds=lease_grace_s),
         "late": now - timedelta(seconds=schedule_bound_s),
         "shards": shards,
+        "enqueued": str(Occurrence.State.ENQUEUED),
     }
     with connection.cursor() as cursor:
         cursor.execute(_OUTBOX, params)

@@ -24,10 +24,11 @@ from apps.occurrences.audit.reconcile import (
 )
 from apps.occurrences.models import Attempt, DispatchOutbox, Lane, Occurrence, occurrence_id_for
 from apps.occurrences.pipeline.materializer import materialize_pass
+from apps.occurrences.schedule_changes import schedule_pause, schedule_update
 from apps.occurrences.tests.helpers import leases, materialize_config
 from apps.schedules import timerules
 from apps.schedules.models import Schedule
-from apps.schedules.services import ScheduleSpec, schedule_pause, schedule_update
+from apps.schedules.services import ScheduleSpec
 from apps.schedules.tests.factories import make_schedule
 from apps.tenants.models import Tenant
 
@@ -275,6 +276,20 @@ def _set(occ: Occurrence, **fields: Any) -> None:
     Occurrence.objects.filter(id=occ.id, scheduled_for=occ.scheduled_for).update(**fields)
 
 
+def _enqueued(schedule: Schedule, minutes: int, **fields: Any) -> Occurrence:
+    """The row of `schedule` at T0 + `minutes`, back to ENQUEUED since its instant (the first
+    publish) with no attempt yet; `fields` are set too."""
+    occ = _occurrence(schedule, minutes)
+    _set(
+        occ,
+        state=Occurrence.State.ENQUEUED,
+        enqueued_at=occ.scheduled_for,
+        finished_at=None,
+        **fields,
+    )
+    return occ
+
+
 def _outbox(occ: Occurrence, available_at: datetime) -> None:
     DispatchOutbox.objects.create(
         occurrence_id=occ.id, scheduled_for=occ.scheduled_for, schedule_id=occ.schedule_id,
@@ -306,9 +321,7 @@ def _expected(occ: Occurrence, state: str, age_s: float) -> tuple[Any, ...]:
 
 def test_enqueued_too_long_fails_until_it_succeeds(tenant_a: Tenant) -> None:
     made = _world(tenant_a)
-    stuck = _occurrence(made["utc4"], 15)  # enqueued 25 min before NOW, no attempt
-    _set(stuck, state=Occurrence.State.ENQUEUED, enqueued_at=stuck.scheduled_for,
-         finished_at=None)  # fmt: skip
+    stuck = _enqueued(made["utc4"], 15)  # enqueued 25 min before NOW, no attempt
 
     report = _audit()
 
@@ -330,14 +343,10 @@ def test_enqueued_too_long_fails_until_it_succeeds(tenant_a: Tenant) -> None:
 
 def test_enqueued_within_the_bound_or_back_from_a_retry_passes(tenant_a: Tenant) -> None:
     made = _world(tenant_a)
-    fresh = _occurrence(made["utc5"], 30)  # enqueued 10 min before NOW
-    _set(fresh, state=Occurrence.State.ENQUEUED, enqueued_at=fresh.scheduled_for,
-         finished_at=None)  # fmt: skip
+    fresh = _enqueued(made["utc5"], 30)  # enqueued 10 min before NOW
     # First published 30 min ago, failed 2 min ago and republished: enqueued_at keeps the
     # first publish, the finished attempt tells that it is back in the queue since.
-    retried = _occurrence(made["utc6"], 10)
-    _set(retried, state=Occurrence.State.ENQUEUED, enqueued_at=retried.scheduled_for,
-         finished_at=None, attempt_count=1)  # fmt: skip
+    retried = _enqueued(made["utc6"], 10, attempt_count=1)
     _attempt(retried, lease_expires_at=NOW, finished_at=NOW - timedelta(minutes=2))
 
     report = _audit()
@@ -453,9 +462,7 @@ def test_command_exits_non_zero_on_stuck_work_and_bounds_are_overridable(
     tenant_a: Tenant, capsys: Any
 ) -> None:
     made = _world(tenant_a)
-    stuck = _occurrence(made["utc14"], 15)
-    _set(stuck, state=Occurrence.State.ENQUEUED, enqueued_at=stuck.scheduled_for,
-         finished_at=None)  # fmt: skip
+    stuck = _enqueued(made["utc14"], 15)
     args = ["--from", START.isoformat(), "--to", END.isoformat()]
 
     with time_machine.travel(NOW, tick=False), pytest.raises(SystemExit) as exited:
@@ -480,9 +487,7 @@ def test_stuck_work_is_scoped_to_the_window_and_the_tenant(
     tenant_a: Tenant, tenant_b: Tenant
 ) -> None:
     made = _world(tenant_a)
-    stuck = _occurrence(made["utc15"], 15)
-    _set(stuck, state=Occurrence.State.ENQUEUED, enqueued_at=stuck.scheduled_for,
-         finished_at=None)  # fmt: skip
+    _enqueued(made["utc15"], 15)
     assert _audit(tenant_id=tenant_a.id).counts["stuck_enqueued"] == 1
 
     assert _audit(tenant_id=tenant_b.id).counts["stuck_enqueued"] == 0
