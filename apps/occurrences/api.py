@@ -4,39 +4,35 @@ replay of one or many DEAD occurrences, and cancel."""
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
-from django.utils.dateparse import parse_datetime
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers, status
 from rest_framework.exceptions import APIException, ValidationError
-from rest_framework.pagination import CursorPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from apps.occurrences.execution.attempts import CancelOutcome, occurrence_cancel, occurrences_replay
+from apps.occurrences.execution.cancel import CancelOutcome, occurrence_cancel
+from apps.occurrences.execution.replay import occurrences_replay
 from apps.occurrences.models import Occurrence
-from apps.occurrences.selectors import access_occurrence, occurrences_for
+from apps.occurrences.selectors import (
+    OccurrenceFilterError,
+    access_occurrence,
+    occurrences_filtered,
+    parse_occurrence_filter,
+)
 from apps.occurrences.serializers import OccurrenceDetailSerializer, OccurrenceSerializer
-from apps.tenants.authentication import TenantPrincipal
+from apps.tenants.authentication import principal_of
+from apps.tenants.pagination import KeysetPagination
 
 
-class OccurrenceCursor(CursorPagination):
-    ordering = ("-scheduled_for", "-id")
-    page_size = 50
-    max_page_size = 200
-    page_size_query_param = "page_size"
-
-
-def _tenant(request: Request) -> Any:
-    assert isinstance(request.user, TenantPrincipal)
-    return request.user.tenant
+class OccurrenceCursor(KeysetPagination):
+    field = "scheduled_for"
 
 
 class OccurrenceList(APIView):
-    forced_state: str | None = None
+    only_state: Occurrence.State | None = None
     pagination_class = OccurrenceCursor  # so the schema describes the paginated envelope
 
     @extend_schema(
@@ -49,29 +45,15 @@ class OccurrenceList(APIView):
         responses=OccurrenceSerializer(many=True),
     )
     def get(self, request: Request) -> Response:
-        queryset = occurrences_for(tenant=_tenant(request))
-        if self.forced_state:
-            queryset = queryset.filter(state=self.forced_state)
-        params = request.query_params
-        errors: dict[str, list[str]] = {}
-        if params.get("schedule"):
-            try:
-                queryset = queryset.filter(schedule_id=uuid.UUID(params["schedule"]))
-            except ValueError:
-                errors["schedule"] = ["Must be a schedule id (UUID)."]
-        if params.get("state"):
-            if params["state"] not in Occurrence.State.values:
-                errors["state"] = [f"Must be one of {', '.join(Occurrence.State.values)}."]
-            queryset = queryset.filter(state=params["state"])
-        for name, lookup in (("from", "scheduled_for__gte"), ("to", "scheduled_for__lt")):
-            if params.get(name):
-                value = parse_datetime(params[name])
-                if value is None or value.tzinfo is None:
-                    errors[name] = ["An ISO 8601 instant with an offset is required."]
-                else:
-                    queryset = queryset.filter(**{lookup: value})
-        if errors:
-            raise ValidationError(errors)
+        try:
+            filters = parse_occurrence_filter(request.query_params)
+        except OccurrenceFilterError as err:
+            raise ValidationError(
+                {name: [message] for name, message in err.errors.items()}
+            ) from None
+        queryset = occurrences_filtered(
+            tenant=principal_of(request).tenant, filters=filters, only_state=self.only_state
+        )
         paginator = OccurrenceCursor()
         page = paginator.paginate_queryset(queryset, request, view=self)
         return paginator.get_paginated_response(OccurrenceSerializer(page, many=True).data)
@@ -80,7 +62,9 @@ class OccurrenceList(APIView):
 class OccurrenceDetail(APIView):
     @extend_schema(responses=OccurrenceDetailSerializer)
     def get(self, request: Request, occurrence_id: Any) -> Response:
-        occurrence = access_occurrence(tenant=_tenant(request), occurrence_id=occurrence_id)
+        occurrence = access_occurrence(
+            tenant=principal_of(request).tenant, occurrence_id=occurrence_id
+        )
         return Response(OccurrenceDetailSerializer(occurrence).data)
 
 
@@ -99,7 +83,7 @@ class AlreadyFinished(APIException):
 class DeadOccurrenceList(OccurrenceList):
     """The DLQ: DEAD occurrences, newest first (same filters as the list)."""
 
-    forced_state = Occurrence.State.DEAD
+    only_state = Occurrence.State.DEAD
 
 
 class OccurrenceReplay(APIView):
@@ -109,7 +93,7 @@ class OccurrenceReplay(APIView):
         responses={200: OccurrenceDetailSerializer},
     )
     def post(self, request: Request, occurrence_id: Any) -> Response:
-        tenant = _tenant(request)
+        tenant = principal_of(request).tenant
         occurrence = access_occurrence(tenant=tenant, occurrence_id=occurrence_id)
         result = occurrences_replay(tenant_id=tenant.id, occurrence_ids=[occurrence.id])
         if not result.replayed:
@@ -141,7 +125,7 @@ class OccurrenceBulkReplay(APIView):
         body = BulkReplayRequest(data=request.data)
         body.is_valid(raise_exception=True)
         result = occurrences_replay(
-            tenant_id=_tenant(request).id, occurrence_ids=body.validated_data["ids"]
+            tenant_id=principal_of(request).tenant.id, occurrence_ids=body.validated_data["ids"]
         )
         # Another tenant's id is reported exactly like a missing one.
         return Response(
@@ -156,7 +140,7 @@ class OccurrenceBulkReplay(APIView):
 class OccurrenceCancel(APIView):
     @extend_schema(request=None, responses={200: None, 202: None, 409: None})
     def post(self, request: Request, occurrence_id: Any) -> Response:
-        tenant = _tenant(request)
+        tenant = principal_of(request).tenant
         occurrence = access_occurrence(tenant=tenant, occurrence_id=occurrence_id)
         outcome = occurrence_cancel(tenant_id=tenant.id, occurrence_id=occurrence.id)
         if outcome == CancelOutcome.CANCELED:

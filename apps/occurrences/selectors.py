@@ -1,13 +1,18 @@
-"""Tenant-scoped reads of occurrences and their attempts."""
+"""Tenant-scoped reads of occurrences and their attempts, and the one parser of the
+occurrence list filters (API, web pages; usable by the admin browser on any queryset)."""
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 
 from django.db.models import QuerySet
-from django.http import Http404
+from django.http import Http404, QueryDict
+from django.utils.dateparse import parse_datetime
 
-from apps.occurrences.models import Attempt, Occurrence
+from apps.occurrences.models import Attempt, Lane, Occurrence
 from apps.tenants.models import Tenant
 
 
@@ -29,3 +34,111 @@ def attempts_of(occurrence: Occurrence) -> QuerySet[Attempt]:
         scheduled_for=occurrence.scheduled_for,
         tenant_id=occurrence.tenant_id,
     ).order_by("attempt_no")
+
+
+def enqueue_lag_s(occurrence: Occurrence) -> float | None:
+    """enqueued_at - scheduled_for in seconds; flexible and retry lanes count from
+    available_at, the instant they became due."""
+    if occurrence.enqueued_at is None:
+        return None
+    due = (
+        occurrence.available_at
+        if occurrence.lane in (Lane.FLEXIBLE, Lane.RETRY)
+        else occurrence.scheduled_for
+    )
+    return round((occurrence.enqueued_at - due).total_seconds(), 3)
+
+
+class OccurrenceFilterError(ValueError):
+    """Filters that cannot be understood: one message per query parameter."""
+
+    def __init__(self, errors: dict[str, str]) -> None:
+        super().__init__("; ".join(f"{name}: {message}" for name, message in errors.items()))
+        self.errors = errors
+
+
+@dataclass(frozen=True)
+class OccurrenceFilter:
+    """What an occurrence list shows: query parameters `schedule`, `state`, `from`, `to`."""
+
+    schedule_id: uuid.UUID | None = None
+    state: Occurrence.State | None = None
+    since: datetime | None = None  # scheduled_for >= since
+    until: datetime | None = None  # scheduled_for < until
+
+    def bounded(self, *, since: datetime, until: datetime) -> OccurrenceFilter:
+        """This filter with a default for each open end of the time range."""
+        return replace(self, since=self.since or since, until=self.until or until)
+
+    def apply(self, queryset: QuerySet[Occurrence]) -> QuerySet[Occurrence]:
+        if self.schedule_id is not None:
+            queryset = queryset.filter(schedule_id=self.schedule_id)
+        if self.state is not None:
+            queryset = queryset.filter(state=self.state)
+        if self.since is not None:
+            queryset = queryset.filter(scheduled_for__gte=self.since)
+        if self.until is not None:
+            queryset = queryset.filter(scheduled_for__lt=self.until)
+        return queryset
+
+
+def _instant(text: str, *, naive_as_utc: bool) -> datetime:
+    """ISO 8601 → an aware UTC datetime; ValueError with the message for people."""
+    try:
+        # parse_datetime raises for a well-formed impossible date (2026-02-30T00:00:00Z), and
+        # the conversion to UTC for an instant at the edge of the calendar.
+        value = parse_datetime(text)
+        if value is not None and value.tzinfo is None and naive_as_utc:
+            value = value.replace(tzinfo=UTC)
+        if value is not None and value.tzinfo is not None:
+            return value.astimezone(UTC)
+    except (ValueError, OverflowError):
+        pass
+    example = "2026-03-08T09:30 (UTC)" if naive_as_utc else "2026-03-08T09:30:00Z"
+    raise ValueError(f"Must be a date and time like {example}.")
+
+
+def parse_occurrence_filter(
+    params: Mapping[str, str] | QueryDict, *, naive_as_utc: bool = False
+) -> OccurrenceFilter:
+    """The filters of an occurrence list from its query parameters (empty = not filtered).
+    `state` is exactly one of Occurrence.State; `from`/`to` need an offset unless
+    `naive_as_utc` (the web form's fields are UTC wall-clock time). Raises
+    OccurrenceFilterError naming every bad parameter."""
+    text = {name: (params.get(name) or "").strip() for name in ("schedule", "state", "from", "to")}
+    errors: dict[str, str] = {}
+    schedule_id: uuid.UUID | None = None
+    if text["schedule"]:
+        try:
+            schedule_id = uuid.UUID(text["schedule"])
+        except ValueError:
+            errors["schedule"] = "Must be a schedule id (UUID)."
+    if text["state"] and text["state"] not in Occurrence.State.values:
+        errors["state"] = f"Must be one of {', '.join(Occurrence.State.values)}."
+    instants: dict[str, datetime] = {}
+    for name in ("from", "to"):
+        try:
+            if text[name]:
+                instants[name] = _instant(text[name], naive_as_utc=naive_as_utc)
+        except ValueError as err:
+            errors[name] = str(err)
+    if errors:
+        raise OccurrenceFilterError(errors)
+    return OccurrenceFilter(
+        schedule_id=schedule_id,
+        state=Occurrence.State(text["state"]) if text["state"] else None,
+        since=instants.get("from"),
+        until=instants.get("to"),
+    )
+
+
+def occurrences_filtered(
+    *, tenant: Tenant, filters: OccurrenceFilter, only_state: Occurrence.State | None = None
+) -> QuerySet[Occurrence]:
+    """The tenant's occurrences matching `filters`. `only_state` narrows a list to one state
+    whatever the filters say (the DLQ: DEAD; a `state` filter naming another then matches
+    nothing)."""
+    queryset = occurrences_for(tenant=tenant)
+    if only_state is not None:
+        queryset = queryset.filter(state=only_state)
+    return filters.apply(queryset)

@@ -5,7 +5,7 @@ from typing import Any
 from rest_framework import serializers
 
 from apps.occurrences.models import Attempt, Occurrence
-from apps.occurrences.selectors import attempts_of
+from apps.occurrences.selectors import attempts_of, enqueue_lag_s
 
 
 class AttemptSerializer(serializers.ModelSerializer[Attempt]):
@@ -33,10 +33,7 @@ class OccurrenceSerializer(serializers.ModelSerializer[Occurrence]):
 
     def get_lag_s(self, obj: Occurrence) -> float | None:
         """enqueued_at - scheduled_for (flexible: - available_at), seconds."""
-        if obj.enqueued_at is None:
-            return None
-        reference = obj.available_at if obj.lane in ("flexible", "retry") else obj.scheduled_for
-        return round((obj.enqueued_at - reference).total_seconds(), 3)
+        return enqueue_lag_s(obj)
 
 
 class OccurrenceDetailSerializer(OccurrenceSerializer):

@@ -6,18 +6,25 @@ Every view that takes a schedule id goes through `access_schedule` first, for ev
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers, status
-from rest_framework.exceptions import MethodNotAllowed, NotFound
-from rest_framework.pagination import CursorPagination
+from rest_framework.exceptions import MethodNotAllowed
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from apps.occurrences.schedule_changes import (
+    LifecycleResult,
+    schedule_cancel,
+    schedule_pause,
+    schedule_resume,
+    schedule_update,
+)
 from apps.schedules.selectors import access_schedule, schedules_filtered
 from apps.schedules.serializers import (
     ErrorSerializer,
@@ -30,17 +37,9 @@ from apps.schedules.serializers import (
     ScheduleSerializer,
     update_serializer,
 )
-from apps.schedules.services import (
-    LifecycleResult,
-    schedule_cancel,
-    schedule_create,
-    schedule_pause,
-    schedule_preview,
-    schedule_preview_saved,
-    schedule_resume,
-    schedule_update,
-)
-from apps.tenants.authentication import TenantPrincipal
+from apps.schedules.services import schedule_create, schedule_preview, schedule_preview_saved
+from apps.tenants.authentication import principal_of
+from apps.tenants.pagination import KeysetPagination
 from apps.tenants.services import (
     IdempotentResponse,
     idempotency_lookup,
@@ -80,25 +79,9 @@ IDEMPOTENCY_KEY = OpenApiParameter(
 )
 
 
-class ScheduleCursor(CursorPagination):
-    # Keyset pagination on (created_at, id): constant cost per page at any table size, no
-    # COUNT, unlike OFFSET. Each filter has an index with the same ordering (selectors).
-    ordering = ("-created_at", "-id")
-    page_size = 50
-    max_page_size = 200
-    page_size_query_param = "page_size"
-
-    def decode_cursor(self, request: Request) -> Any:
-        # A tampered or stale cursor is bad input (400 naming the parameter), not a 404.
-        try:
-            return super().decode_cursor(request)
-        except NotFound:
-            raise serializers.ValidationError({"cursor": ["Invalid cursor."]}) from None
-
-
-def _principal(request: Request) -> TenantPrincipal:
-    assert isinstance(request.user, TenantPrincipal)
-    return request.user
+class ScheduleCursor(KeysetPagination):
+    # Each list filter has an index with this ordering (selectors.schedules_filtered).
+    field = "created_at"
 
 
 class TenantView(APIView):
@@ -106,7 +89,7 @@ class TenantView(APIView):
 
     def _guard(self, request: Request, kwargs: dict[str, Any]) -> None:
         if "schedule_id" in kwargs:
-            access_schedule(tenant=_principal(request).tenant, schedule_id=kwargs["schedule_id"])
+            access_schedule(tenant=principal_of(request).tenant, schedule_id=kwargs["schedule_id"])
 
     def http_method_not_allowed(  # type: ignore[override]
         self, request: Request, *args: Any, **kwargs: Any
@@ -129,6 +112,15 @@ def _lifecycle_response(result: LifecycleResult) -> Response:
     return Response(LifecycleResponseSerializer(result).data)
 
 
+def _lifecycle_change(
+    request: Request, schedule_id: Any, change: Callable[..., LifecycleResult]
+) -> Response:
+    """Pause, resume or cancel the tenant's schedule; the answer is the change's receipt."""
+    principal = principal_of(request)
+    schedule = access_schedule(tenant=principal.tenant, schedule_id=schedule_id)
+    return _lifecycle_response(change(schedule=schedule, actor=principal.actor))
+
+
 def _idempotent_response(result: IdempotentResponse) -> Response:
     headers = {"Idempotent-Replayed": "true"} if result.replayed else None
     return Response(result.body, status=result.status, headers=headers)
@@ -146,7 +138,7 @@ class ScheduleListCreate(TenantView):
         case-insensitive name search (`q`, at least 3 characters); cursor pages."""
         query = ScheduleListQuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
-        queryset = schedules_filtered(tenant=_principal(request).tenant, **query.validated_data)
+        queryset = schedules_filtered(tenant=principal_of(request).tenant, **query.validated_data)
         paginator = ScheduleCursor()
         page = paginator.paginate_queryset(queryset, request, view=self)
         return paginator.get_paginated_response(ScheduleSerializer(page, many=True).data)
@@ -159,7 +151,7 @@ class ScheduleListCreate(TenantView):
     def post(self, request: Request) -> Response:
         """Create a schedule. Quotas: active schedules (409 `quota_exceeded`) and the
         minimum interval between a rule's fires (400 `rule_too_frequent`)."""
-        principal = _principal(request)
+        principal = principal_of(request)
         key = request.headers.get("Idempotency-Key")
         if key is None:
             serializer = ScheduleCreateSerializer(data=request.data)
@@ -199,7 +191,7 @@ class ScheduleListCreate(TenantView):
 class ScheduleDetail(TenantView):
     @extend_schema(responses={200: ScheduleSerializer, **_errors(404, *_COMMON)})
     def get(self, request: Request, schedule_id: Any) -> Response:
-        schedule = access_schedule(tenant=_principal(request).tenant, schedule_id=schedule_id)
+        schedule = access_schedule(tenant=principal_of(request).tenant, schedule_id=schedule_id)
         return Response(ScheduleSerializer(schedule).data)
 
     @extend_schema(
@@ -213,7 +205,7 @@ class ScheduleDetail(TenantView):
         and the new version never re-fires an instant an older one already published. A
         name-only change keeps the version. 409 if the schedule is canceled or changed
         concurrently (read it again and retry)."""
-        principal = _principal(request)
+        principal = principal_of(request)
         schedule = access_schedule(tenant=principal.tenant, schedule_id=schedule_id)
         serializer = update_serializer(schedule, request.data)
         serializer.is_valid(raise_exception=True)
@@ -228,9 +220,7 @@ class SchedulePause(TenantView):
     def post(self, request: Request, schedule_id: Any) -> Response:
         """Stop materializing; pending unpublished occurrences become CANCELED (receipt).
         Idempotent; 409 for a canceled or completed schedule."""
-        principal = _principal(request)
-        schedule = access_schedule(tenant=principal.tenant, schedule_id=schedule_id)
-        return _lifecycle_response(schedule_pause(schedule=schedule, actor=principal.actor))
+        return _lifecycle_change(request, schedule_id, schedule_pause)
 
 
 class ScheduleResume(TenantView):
@@ -239,9 +229,7 @@ class ScheduleResume(TenantView):
     def post(self, request: Request, schedule_id: Any) -> Response:
         """Materialize again from the first instant never materialized; instants that passed
         while paused follow the schedule's misfire policy. Idempotent."""
-        principal = _principal(request)
-        schedule = access_schedule(tenant=principal.tenant, schedule_id=schedule_id)
-        return _lifecycle_response(schedule_resume(schedule=schedule, actor=principal.actor))
+        return _lifecycle_change(request, schedule_id, schedule_resume)
 
 
 class ScheduleCancel(TenantView):
@@ -250,9 +238,7 @@ class ScheduleCancel(TenantView):
     def post(self, request: Request, schedule_id: Any) -> Response:
         """Cancel for good (never deleted): pending unpublished occurrences become CANCELED
         (receipt); enqueued ones are canceled by the worker's claim. Idempotent."""
-        principal = _principal(request)
-        schedule = access_schedule(tenant=principal.tenant, schedule_id=schedule_id)
-        return _lifecycle_response(schedule_cancel(schedule=schedule, actor=principal.actor))
+        return _lifecycle_change(request, schedule_id, schedule_cancel)
 
 
 class SchedulePreview(TenantView):
@@ -262,7 +248,7 @@ class SchedulePreview(TenantView):
     )
     def get(self, request: Request, schedule_id: Any) -> Response:
         """The saved schedule's next fires, UTC and local, with a note for each DST effect."""
-        schedule = access_schedule(tenant=_principal(request).tenant, schedule_id=schedule_id)
+        schedule = access_schedule(tenant=principal_of(request).tenant, schedule_id=schedule_id)
         query = PreviewQuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
         entries = schedule_preview_saved(
@@ -278,7 +264,7 @@ class ScheduleDraftPreview(TenantView):
     )
     def post(self, request: Request) -> Response:
         """Preview an unsaved definition; validated exactly as on create, nothing is stored."""
-        _principal(request)
+        principal_of(request)
         draft = SchedulePreviewDraftSerializer(data=request.data)
         draft.is_valid(raise_exception=True)
         entries = schedule_preview(

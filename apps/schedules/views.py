@@ -14,10 +14,16 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
-from django.utils.dateparse import parse_datetime
 from django.views.decorators.http import require_POST
 
 from apps.occurrences.models import Attempt
+from apps.occurrences.schedule_changes import (
+    LifecycleResult,
+    schedule_cancel,
+    schedule_pause,
+    schedule_resume,
+    schedule_update,
+)
 from apps.occurrences.selectors import occurrences_for
 from apps.schedules.errors import LifecycleError
 from apps.schedules.forms import (
@@ -30,17 +36,9 @@ from apps.schedules.forms import (
 from apps.schedules.models import Schedule, ScheduleEvent, ScheduleVersion
 from apps.schedules.selectors import access_schedule, schedules_filtered
 from apps.schedules.serializers import KIND_IN, schedule_as_input
-from apps.schedules.services import (
-    LifecycleResult,
-    schedule_cancel,
-    schedule_create,
-    schedule_pause,
-    schedule_preview,
-    schedule_preview_saved,
-    schedule_resume,
-    schedule_update,
-)
-from apps.tenants.views import TenantContext, actor_of, admin_only, tenant_page
+from apps.schedules.services import schedule_create, schedule_preview, schedule_preview_saved
+from apps.tenants.pagination import web_page
+from apps.tenants.web import actor_of, admin_only, tenant_page, tick_of
 
 PAGE_SIZE = 25
 RECENT_OCCURRENCES = 20
@@ -48,28 +46,9 @@ RECENT_OCCURRENCES = 20
 RECENT_WINDOW = timedelta(days=7)
 
 
-def _tick(request: HttpRequest) -> TenantContext:
-    return request.tick  # type: ignore[attr-defined, no-any-return]
-
-
-def encode_cursor(at: datetime, row_id: uuid.UUID) -> str:
-    return f"{at.isoformat()}|{row_id}"
-
-
-def decode_cursor(value: str) -> tuple[datetime, uuid.UUID] | None:
-    at_text, _, id_text = value.partition("|")
-    at = parse_datetime(at_text)
-    try:
-        row_id = uuid.UUID(id_text)
-    except ValueError:
-        return None
-    return (at, row_id) if at is not None and at.tzinfo is not None else None
-
-
 @tenant_page
 def schedule_list(request: HttpRequest) -> HttpResponse:
     """Newest first, keyset pages on (created_at, id): the API's filters and indexes."""
-    tick = _tick(request)
     params = request.GET
     state = params.get("state", "").upper()
     kind = params.get("kind", "")
@@ -86,24 +65,14 @@ def schedule_list(request: HttpRequest) -> HttpResponse:
         errors.append("Search needs at least 3 characters.")
         q = ""
     queryset = schedules_filtered(
-        tenant=tick.tenant, state=state or None, kind=kind or None, handler=handler or None,
-        q=q or None,
-    ).order_by("-created_at", "-id")  # fmt: skip
-    cursor = decode_cursor(params.get("after", "")) if params.get("after") else None
-    if cursor is not None:
-        at, row_id = cursor
-        queryset = queryset.filter(created_at__lte=at).exclude(created_at=at, id__gte=row_id)
-    rows = list(queryset[: PAGE_SIZE + 1])
-    next_cursor = None
-    if len(rows) > PAGE_SIZE:
-        rows = rows[:PAGE_SIZE]
-        next_cursor = encode_cursor(rows[-1].created_at, rows[-1].id)
-    query = params.copy()
-    query.pop("after", None)
+        tenant=tick_of(request).tenant, state=state or None, kind=kind or None,
+        handler=handler or None, q=q or None,
+    )  # fmt: skip
+    page = web_page(request, queryset, field="created_at", size=PAGE_SIZE)
     return render(request, "tick/schedule_list.html", {
-        "schedules": rows, "next_cursor": next_cursor, "filters": query.urlencode(),
-        "state": state, "kind": kind, "q": q, "handler": handler, "errors": errors,
-        "states": Schedule.State.choices, "paged": cursor is not None, "nav": "schedules",
+        "schedules": page.rows, **page.pager(), "state": state, "kind": kind, "q": q,
+        "handler": handler, "errors": errors + ([page.error] if page.error else []),
+        "states": Schedule.State.choices, "nav": "schedules",
     })  # fmt: skip
 
 
@@ -163,7 +132,7 @@ def _detail(
 
 @tenant_page
 def schedule_detail(request: HttpRequest, schedule_id: str) -> HttpResponse:
-    schedule = access_schedule(tenant=_tick(request).tenant, schedule_id=schedule_id)
+    schedule = access_schedule(tenant=tick_of(request).tenant, schedule_id=schedule_id)
     return _detail(request, schedule)
 
 
@@ -177,7 +146,7 @@ def _form_page(
 
 @tenant_page
 def schedule_new(request: HttpRequest) -> HttpResponse:
-    tick = _tick(request)
+    tick = tick_of(request)
     if request.method != "POST":
         initial = {"handler": "record", "kind": "cron"}
         return _form_page(request, ScheduleForm(initial=initial), None)
@@ -199,7 +168,7 @@ def schedule_new(request: HttpRequest) -> HttpResponse:
 
 @tenant_page
 def schedule_edit(request: HttpRequest, schedule_id: str) -> HttpResponse:
-    schedule = access_schedule(tenant=_tick(request).tenant, schedule_id=schedule_id)
+    schedule = access_schedule(tenant=tick_of(request).tenant, schedule_id=schedule_id)
     if request.method != "POST":
         initial = schedule_as_input(schedule)
         initial["payload"] = json.dumps(initial["payload"], indent=2)
@@ -234,7 +203,7 @@ def schedule_preview_draft(request: HttpRequest) -> HttpResponse:
 
 def _lifecycle(request: HttpRequest, schedule_id: str, action: Any) -> HttpResponse:
     # The tenant door first: another tenant's id is a 404 even for a viewer, never a 403.
-    schedule = access_schedule(tenant=_tick(request).tenant, schedule_id=schedule_id)
+    schedule = access_schedule(tenant=tick_of(request).tenant, schedule_id=schedule_id)
     admin_only(request)
     try:
         result = action(schedule=schedule, actor=actor_of(request))

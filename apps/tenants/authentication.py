@@ -1,4 +1,5 @@
-"""DRF authentication by tenant API key: `Authorization: Bearer <key>`."""
+"""DRF authentication by tenant API key (`Authorization: Bearer <key>`), and the API's tenancy
+door: `principal_of(request)` is the caller's tenant and key in every tenant API view."""
 
 from __future__ import annotations
 
@@ -30,6 +31,13 @@ class TenantPrincipal:
     @property
     def actor(self) -> str:
         return f"api-key:{self.api_key.prefix}"
+
+
+def principal_of(request: Request) -> TenantPrincipal:
+    """The caller of a tenant API view (let in by IsTenantAuthenticated)."""
+    if not isinstance(request.user, TenantPrincipal):
+        raise exceptions.NotAuthenticated()
+    return request.user
 
 
 class ApiKeyAuthentication(authentication.BaseAuthentication):

@@ -1,90 +1,19 @@
-"""Tenant web pages: the tenant switcher, API keys, members. Also the one door every tenant
-page goes through: `tenant_page` resolves the signed-in user's current tenant from their
-memberships (never from a URL or form value alone), and `admin_only` refuses changes to
-viewers (403)."""
+"""Tenant web pages: the tenant switcher, API keys, members. The tenancy door of every web
+page (`tenant_page`, `tick_of`, `admin_only`) is `apps/tenants/web.py`."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from functools import wraps
-from typing import Any, TypeVar
-
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
-from apps.tenants.models import ApiKey, Membership, Tenant
+from apps.tenants.models import ApiKey, Membership
 from apps.tenants.services import api_key_create, api_key_revoke_for_tenant
-
-SESSION_TENANT = "tick_tenant_id"
-
-
-@dataclass(frozen=True)
-class TenantContext:
-    """Who is looking at which tenant, with which role."""
-
-    tenant: Tenant
-    role: str
-    memberships: list[Membership]
-
-    @property
-    def is_admin(self) -> bool:
-        return self.role == Membership.Role.ADMIN
-
-
-def memberships_of(user: Any) -> list[Membership]:
-    return list(
-        Membership.objects.filter(user=user).select_related("tenant").order_by("tenant__slug")
-    )
-
-
-def tenant_context(request: HttpRequest) -> TenantContext | None:
-    """The current tenant of the signed-in user: the one chosen in the session if the user is
-    still a member, else their first membership; None if they belong to no tenant."""
-    memberships = memberships_of(request.user)
-    if not memberships:
-        return None
-    chosen = request.session.get(SESSION_TENANT)
-    current = next((m for m in memberships if str(m.tenant_id) == chosen), memberships[0])
-    return TenantContext(tenant=current.tenant, role=current.role, memberships=memberships)
-
-
-def actor_of(request: HttpRequest) -> str:
-    return f"user:{request.user.get_username()}"
-
-
-class TenantRequest(HttpRequest):
-    tick: TenantContext
-
-
-View = TypeVar("View", bound=Callable[..., HttpResponse])
-
-
-def tenant_page(view: View) -> View:
-    """Login required, and a current tenant attached as `request.tick`."""
-
-    @login_required
-    @wraps(view)
-    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-        context = tenant_context(request)
-        if context is None:
-            return render(request, "tick/no_tenant.html", status=403)
-        request.tick = context  # type: ignore[attr-defined]
-        return view(request, *args, **kwargs)
-
-    return wrapper  # type: ignore[return-value]
-
-
-def admin_only(request: HttpRequest) -> None:
-    """Viewers see everything of their tenant and change nothing."""
-    if not request.tick.is_admin:  # type: ignore[attr-defined]
-        raise PermissionDenied("Viewers cannot change anything in this tenant.")
+from apps.tenants.web import SESSION_TENANT, admin_only, memberships_of, tenant_page, tick_of
 
 
 def _back(request: HttpRequest, default: str) -> HttpResponseRedirect:
@@ -109,7 +38,7 @@ def tenant_switch(request: HttpRequest) -> HttpResponse:
 
 @tenant_page
 def api_keys(request: HttpRequest) -> HttpResponse:
-    tick: TenantContext = request.tick  # type: ignore[attr-defined]
+    tick = tick_of(request)
     created_raw: str | None = None
     if request.method == "POST":
         admin_only(request)
@@ -129,7 +58,7 @@ def api_keys(request: HttpRequest) -> HttpResponse:
 @require_POST
 def api_key_revoke(request: HttpRequest, key_id: str) -> HttpResponse:
     admin_only(request)
-    tick: TenantContext = request.tick  # type: ignore[attr-defined]
+    tick = tick_of(request)
     key = api_key_revoke_for_tenant(tenant=tick.tenant, key_id=key_id)
     if key is None:
         raise Http404("No such API key.")
@@ -139,7 +68,7 @@ def api_key_revoke(request: HttpRequest, key_id: str) -> HttpResponse:
 
 @tenant_page
 def members(request: HttpRequest) -> HttpResponse:
-    tick: TenantContext = request.tick  # type: ignore[attr-defined]
+    tick = tick_of(request)
     rows = (
         Membership.objects.filter(tenant=tick.tenant)
         .select_related("user")

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+import uuid
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.utils import timezone
 
-from apps.occurrences.models import Lane, Occurrence, occurrence_id_for
+from apps.occurrences.models import Attempt, Lane, Occurrence, occurrence_id_for
 from apps.occurrences.pipeline.partitions import partitions_ensure
 from apps.schedules.models import Schedule
 from apps.schedules.tests.factories import make_schedule
@@ -43,3 +44,18 @@ def state_of(occ: Occurrence) -> str:
         .values_list("state", flat=True)
         .get()
     )
+
+
+def dead_occurrence(tenant: Tenant, minutes_ago: int = 1, error: str = "HTTP 503") -> Occurrence:
+    """A DEAD occurrence of a new schedule, with its one FAILED attempt carrying `error`."""
+    occ = occurrence(
+        schedule(tenant), timezone.now() - timedelta(minutes=minutes_ago), state="DEAD"
+    )
+    Occurrence.objects.filter(id=occ.id).update(attempt_count=1, finished_at=timezone.now())
+    Attempt.objects.create(
+        scheduled_for=occ.scheduled_for, occurrence_id=occ.id, tenant_id=tenant.id, attempt_no=1,
+        lease_token=uuid.uuid4(), lease_expires_at=timezone.now(), worker_id="w",
+        started_at=timezone.now(), finished_at=timezone.now(), outcome="FAILED",
+        error_class="PermanentError", error_message=error,
+    )  # fmt: skip
+    return occ

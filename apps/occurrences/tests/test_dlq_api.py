@@ -2,36 +2,19 @@
 
 from __future__ import annotations
 
-import uuid
-from datetime import timedelta
-
 import pytest
 from django.utils import timezone
 
-from apps.occurrences.models import Attempt, DispatchOutbox, Lane, Occurrence
-from apps.occurrences.tests.exec_helpers import occurrence, schedule, state_of
+from apps.occurrences.models import DispatchOutbox, Lane
+from apps.occurrences.tests.exec_helpers import dead_occurrence, occurrence, schedule, state_of
 
 pytestmark = pytest.mark.django_db
 
 
-def _dead(tenant, minutes_ago=1, error="HTTP 503"):
-    occ = occurrence(
-        schedule(tenant), timezone.now() - timedelta(minutes=minutes_ago), state="DEAD"
-    )
-    Occurrence.objects.filter(id=occ.id).update(attempt_count=1, finished_at=timezone.now())
-    Attempt.objects.create(
-        scheduled_for=occ.scheduled_for, occurrence_id=occ.id, tenant_id=tenant.id, attempt_no=1,
-        lease_token=uuid.uuid4(), lease_expires_at=timezone.now(), worker_id="w",
-        started_at=timezone.now(), finished_at=timezone.now(), outcome="FAILED",
-        error_class="PermanentError", error_message=error,
-    )  # fmt: skip
-    return occ
-
-
 def test_dead_list_shows_only_the_tenants_dead_occurrences(api_a, tenant_a, tenant_b):
-    dead = _dead(tenant_a)
+    dead = dead_occurrence(tenant_a)
     occurrence(schedule(tenant_a), timezone.now(), state="SUCCEEDED")
-    _dead(tenant_b)
+    dead_occurrence(tenant_b)
 
     response = api_a.get("/api/v1/occurrences/dead")
 
@@ -42,7 +25,7 @@ def test_dead_list_shows_only_the_tenants_dead_occurrences(api_a, tenant_a, tena
 
 
 def test_dead_occurrence_detail_shows_every_attempt_with_its_error(api_a, tenant_a):
-    dead = _dead(tenant_a, error="webhook answered HTTP 404: nope")
+    dead = dead_occurrence(tenant_a, error="webhook answered HTTP 404: nope")
 
     body = api_a.get(f"/api/v1/occurrences/{dead.id}").json()
 
@@ -54,7 +37,7 @@ def test_dead_occurrence_detail_shows_every_attempt_with_its_error(api_a, tenant
 
 
 def test_replay_one_keeps_the_id_and_queues_a_retry(api_a, tenant_a):
-    dead = _dead(tenant_a)
+    dead = dead_occurrence(tenant_a)
 
     response = api_a.post(f"/api/v1/occurrences/{dead.id}/replay")
 
@@ -82,7 +65,7 @@ def test_replay_of_a_non_dead_occurrence_is_409_and_changes_nothing(api_a, tenan
 
 
 def test_outsider_replaying_or_canceling_gets_404_and_nothing_changes(api_b, tenant_a):
-    dead = _dead(tenant_a)
+    dead = dead_occurrence(tenant_a)
     pending = occurrence(schedule(tenant_a), timezone.now())
 
     assert api_b.post(f"/api/v1/occurrences/{dead.id}/replay").status_code == 404
@@ -96,9 +79,9 @@ def test_outsider_replaying_or_canceling_gets_404_and_nothing_changes(api_b, ten
 
 
 def test_bulk_replay_reports_each_id(api_a, tenant_a, tenant_b):
-    dead = [_dead(tenant_a, minutes_ago=m) for m in (1, 2, 3)]
+    dead = [dead_occurrence(tenant_a, minutes_ago=m) for m in (1, 2, 3)]
     done = occurrence(schedule(tenant_a), timezone.now(), state="SUCCEEDED")
-    foreign = _dead(tenant_b)
+    foreign = dead_occurrence(tenant_b)
     ids = [str(o.id) for o in [*dead, done, foreign]]
 
     response = api_a.post("/api/v1/occurrences/replay", {"ids": ids}, format="json")

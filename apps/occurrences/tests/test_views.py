@@ -9,25 +9,11 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from apps.occurrences.models import Attempt, DispatchOutbox, Occurrence
+from apps.occurrences.models import DispatchOutbox, Occurrence
 from apps.occurrences.observability import dashboard as dash
-from apps.occurrences.tests.exec_helpers import occurrence, schedule, state_of
+from apps.occurrences.tests.exec_helpers import dead_occurrence, occurrence, schedule, state_of
 
 pytestmark = pytest.mark.django_db
-
-
-def _dead(tenant, minutes_ago=1, error="HTTP 503 from https://example.com"):
-    occ = occurrence(
-        schedule(tenant), timezone.now() - timedelta(minutes=minutes_ago), state="DEAD"
-    )
-    Occurrence.objects.filter(id=occ.id).update(attempt_count=1, finished_at=timezone.now())
-    Attempt.objects.create(
-        scheduled_for=occ.scheduled_for, occurrence_id=occ.id, tenant_id=tenant.id, attempt_no=1,
-        lease_token=uuid.uuid4(), lease_expires_at=timezone.now(), worker_id="w",
-        started_at=timezone.now(), finished_at=timezone.now(), outcome="FAILED",
-        error_class="PermanentError", error_message=error,
-    )  # fmt: skip
-    return occ
 
 
 def _enqueued(tenant, *, minutes_ago, lag_s, lane="strict"):
@@ -43,7 +29,7 @@ def test_dashboard_counts_and_lag_percentiles_are_tenant_scoped(client, alice, t
     for lag in (1, 2, 3, 4):
         _enqueued(tenant_a, minutes_ago=2, lag_s=lag)
     _enqueued(tenant_b, minutes_ago=2, lag_s=100)
-    _dead(tenant_a)
+    dead_occurrence(tenant_a)
     client.force_login(alice)
 
     response = client.get("/")
@@ -95,7 +81,7 @@ def test_empty_dashboard_explains_itself(client, alice):
 
 def test_occurrence_list_is_tenant_scoped_and_filters_by_state(client, alice, tenant_a, tenant_b):
     ok = occurrence(schedule(tenant_a), timezone.now() - timedelta(minutes=3), state="SUCCEEDED")
-    dead = _dead(tenant_a)
+    dead = dead_occurrence(tenant_a)
     occurrence(schedule(tenant_b), timezone.now() - timedelta(minutes=3), state="SUCCEEDED")
     client.force_login(alice)
 
@@ -124,7 +110,7 @@ def test_occurrence_list_time_range_is_bounded(client, alice, tenant_a):
 
 
 def test_occurrence_detail_shows_attempts_errors_and_lag(client, bob, tenant_a):
-    dead = _dead(tenant_a, error="webhook answered HTTP 404: nope")
+    dead = dead_occurrence(tenant_a, error="webhook answered HTTP 404: nope")
     client.force_login(bob)
 
     response = client.get(f"/occurrences/{dead.id}/")
@@ -136,7 +122,7 @@ def test_occurrence_detail_shows_attempts_errors_and_lag(client, bob, tenant_a):
 
 
 def test_outsider_gets_404_for_occurrence_detail(client, charlie, tenant_a):
-    dead = _dead(tenant_a)
+    dead = dead_occurrence(tenant_a)
     client.force_login(charlie)
 
     assert client.get(f"/occurrences/{dead.id}/").status_code == 404
@@ -144,8 +130,8 @@ def test_outsider_gets_404_for_occurrence_detail(client, charlie, tenant_a):
 
 
 def test_dlq_lists_dead_with_last_error(client, alice, tenant_a, tenant_b):
-    dead = _dead(tenant_a, error="boom")
-    _dead(tenant_b)
+    dead = dead_occurrence(tenant_a, error="boom")
+    dead_occurrence(tenant_b)
     occurrence(schedule(tenant_a), timezone.now(), state="SUCCEEDED")
     client.force_login(alice)
 
@@ -157,7 +143,7 @@ def test_dlq_lists_dead_with_last_error(client, alice, tenant_a, tenant_b):
 
 
 def test_dlq_replay_of_a_selection_shows_the_result(client, alice, tenant_a):
-    first, second = _dead(tenant_a, 1), _dead(tenant_a, 2)
+    first, second = dead_occurrence(tenant_a, 1), dead_occurrence(tenant_a, 2)
     alive = occurrence(schedule(tenant_a), timezone.now(), state="SUCCEEDED")
     client.force_login(alice)
 
@@ -174,7 +160,7 @@ def test_dlq_replay_of_a_selection_shows_the_result(client, alice, tenant_a):
 
 
 def test_viewer_cannot_replay(client, bob, tenant_a):
-    dead = _dead(tenant_a)
+    dead = dead_occurrence(tenant_a)
     client.force_login(bob)
 
     assert "Replay selected" not in client.get("/dlq/").content.decode()
@@ -183,7 +169,7 @@ def test_viewer_cannot_replay(client, bob, tenant_a):
 
 
 def test_outsider_replay_of_another_tenants_id_changes_nothing(client, charlie, tenant_a):
-    dead = _dead(tenant_a)
+    dead = dead_occurrence(tenant_a)
     client.force_login(charlie)
 
     response = client.post("/dlq/replay/", {"ids": [str(dead.id)]})
@@ -208,7 +194,7 @@ def staff(admin_client):
 
 
 def test_admin_occurrence_browser_lists_across_tenants_and_replays(staff, tenant_a, tenant_b):
-    dead_a, dead_b = _dead(tenant_a), _dead(tenant_b)
+    dead_a, dead_b = dead_occurrence(tenant_a), dead_occurrence(tenant_b)
 
     page = staff.get("/admin/occurrences/browse/", {"state": "DEAD"})
     assert page.status_code == 200
