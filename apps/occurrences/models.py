@@ -12,6 +12,9 @@ from datetime import UTC, datetime
 
 from django.db import models
 
+# Re-exported: the models and their callers name the lane through this module.
+from apps.occurrences.lanes import Lane as Lane
+
 # Namespace of occurrence ids; changing it would change every id, so it is a constant.
 OCCURRENCE_NAMESPACE = uuid.UUID("6f1c3a52-7d0e-5b8e-9a41-2c7f0e9d4b10")
 
@@ -26,13 +29,6 @@ def occurrence_id_for(schedule_id: uuid.UUID, version: int, scheduled_for: datet
         raise ValueError("scheduled_for must be timezone-aware")
     instant = scheduled_for.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     return uuid.uuid5(OCCURRENCE_NAMESPACE, f"{schedule_id}:{version}:{instant}")
-
-
-class Lane(models.TextChoices):
-    STRICT = "strict", "Strict"
-    FLEXIBLE = "flexible", "Flexible"
-    CATCHUP = "catchup", "Catch-up"
-    RETRY = "retry", "Retry"
 
 
 class Occurrence(models.Model):

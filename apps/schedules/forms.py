@@ -31,18 +31,31 @@ def _lower(choices: type[Any]) -> list[tuple[str, str]]:
 
 class ScheduleForm(forms.Form):
     name = forms.CharField(max_length=200, required=False)
-    kind = forms.ChoiceField(choices=[("cron", "Cron rule"), ("one_shot", "One-shot")])
+    kind = forms.ChoiceField(
+        choices=[
+            (Schedule.Kind.CRON.lower(), "Cron rule"),
+            (Schedule.Kind.ONE_SHOT.lower(), "One-shot"),
+        ]
+    )
     expression = forms.CharField(max_length=200, required=False)
     run_at = forms.CharField(max_length=64, required=False)
     time_zone = forms.CharField(max_length=64, initial="UTC")
-    precision = forms.ChoiceField(choices=_lower(Schedule.Precision), initial="strict")
+    precision = forms.ChoiceField(
+        choices=_lower(Schedule.Precision), initial=Schedule.Precision.STRICT.lower()
+    )
     flexible_window_s = forms.IntegerField(min_value=0, max_value=300, required=False)
-    misfire_policy = forms.ChoiceField(choices=_lower(Schedule.MisfirePolicy), initial="fire_once")
+    misfire_policy = forms.ChoiceField(
+        choices=_lower(Schedule.MisfirePolicy), initial=Schedule.MisfirePolicy.FIRE_ONCE.lower()
+    )
     max_lateness_s = forms.IntegerField(min_value=0, required=False)
     catchup_limit = forms.IntegerField(min_value=0, required=False)
-    overlap_policy = forms.ChoiceField(choices=_lower(Schedule.OverlapPolicy), initial="allow")
-    dst_gap = forms.ChoiceField(choices=Schedule.DstGap.choices, initial="skip")
-    dst_fold = forms.ChoiceField(choices=Schedule.DstFold.choices, initial="first")
+    overlap_policy = forms.ChoiceField(
+        choices=_lower(Schedule.OverlapPolicy), initial=Schedule.OverlapPolicy.ALLOW.lower()
+    )
+    dst_gap = forms.ChoiceField(choices=Schedule.DstGap.choices, initial=Schedule.DstGap.SKIP.value)
+    dst_fold = forms.ChoiceField(
+        choices=Schedule.DstFold.choices, initial=Schedule.DstFold.FIRST.value
+    )
     start_at = forms.CharField(max_length=64, required=False)
     end_at = forms.CharField(max_length=64, required=False)
     handler = forms.ChoiceField(choices=())

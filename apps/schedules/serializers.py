@@ -14,7 +14,7 @@ from rest_framework import serializers
 from apps.occurrences.execution.handlers import PayloadError
 from apps.occurrences.execution.registry import handler_names, handler_spec
 from apps.schedules import timerules
-from apps.schedules.models import Schedule
+from apps.schedules.models import Schedule, ScheduleEvent
 from apps.schedules.services import ScheduleSpec
 
 SERVER_OWNED = {"id", "version", "state", "next_run_at", "tenant", "shard", "created_at",
@@ -55,19 +55,24 @@ class ScheduleCreateSerializer(serializers.Serializer[Any]):
     run_at = StrictCharField(max_length=64, required=False, allow_null=True, default=None)
     time_zone = StrictCharField(max_length=64, default="UTC")
     precision = serializers.ChoiceField(
-        choices=_lower_choices(Schedule.Precision), default="strict"
+        choices=_lower_choices(Schedule.Precision), default=Schedule.Precision.STRICT.lower()
     )
     flexible_window_s = StrictIntegerField(min_value=0, max_value=300, default=0)
     misfire_policy = serializers.ChoiceField(
-        choices=_lower_choices(Schedule.MisfirePolicy), default="fire_once"
+        choices=_lower_choices(Schedule.MisfirePolicy),
+        default=Schedule.MisfirePolicy.FIRE_ONCE.lower(),
     )
     max_lateness_s = StrictIntegerField(min_value=0, max_value=7 * 86400, default=60)
     catchup_limit = StrictIntegerField(min_value=0, max_value=1000, default=0)
     overlap_policy = serializers.ChoiceField(
-        choices=_lower_choices(Schedule.OverlapPolicy), default="allow"
+        choices=_lower_choices(Schedule.OverlapPolicy), default=Schedule.OverlapPolicy.ALLOW.lower()
     )
-    dst_gap = serializers.ChoiceField(choices=Schedule.DstGap.choices, default="skip")
-    dst_fold = serializers.ChoiceField(choices=Schedule.DstFold.choices, default="first")
+    dst_gap = serializers.ChoiceField(
+        choices=Schedule.DstGap.choices, default=Schedule.DstGap.SKIP.value
+    )
+    dst_fold = serializers.ChoiceField(
+        choices=Schedule.DstFold.choices, default=Schedule.DstFold.FIRST.value
+    )
     start_at = serializers.DateTimeField(required=False, allow_null=True, default=None)
     end_at = serializers.DateTimeField(required=False, allow_null=True, default=None)
     handler = StrictCharField(max_length=100)
@@ -132,7 +137,10 @@ class ScheduleCreateSerializer(serializers.Serializer[Any]):
                     )
         except timerules.TimeRuleError as err:
             raise serializers.ValidationError({err.field: [err.message]}) from None
-        if attrs["precision"] == "flexible" and attrs["flexible_window_s"] == 0:
+        if (
+            attrs["precision"] == Schedule.Precision.FLEXIBLE.lower()
+            and attrs["flexible_window_s"] == 0
+        ):
             raise serializers.ValidationError(
                 {"flexible_window_s": ["A flexible schedule needs a window of 1 to 300 s."]}
             )
@@ -298,8 +306,17 @@ class NotRecalledSerializer(serializers.Serializer[Any]):
     schedule_version = serializers.IntegerField()
 
 
+# The schedule changes that answer with a receipt (apps/occurrences/schedule_changes.py).
+_RECEIPT_ACTIONS = (
+    ScheduleEvent.Kind.UPDATED,
+    ScheduleEvent.Kind.PAUSED,
+    ScheduleEvent.Kind.RESUMED,
+    ScheduleEvent.Kind.CANCELED,
+)
+
+
 class ReceiptSerializer(serializers.Serializer[Any]):
-    action = serializers.ChoiceField(choices=["updated", "paused", "resumed", "canceled"])
+    action = serializers.ChoiceField(choices=[str(kind) for kind in _RECEIPT_ACTIONS])
     at = serializers.DateTimeField()
     version = serializers.IntegerField(help_text="The schedule's version after the change.")
     invalidated = serializers.ListField(

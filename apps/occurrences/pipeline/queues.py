@@ -1,9 +1,8 @@
 """RabbitMQ topology: lanes x tenant partitions, as durable quorum queues.
 
-Pure (no Django import): Celery builds its queue list from it before Django's apps are loaded
-(tickweb/celery.py), and the relay declares the same topology before publishing. That is why
-the lanes are spelled out here instead of read from `models.Lane`: importing a models module
-that early fails. They are the values of `Lane`, in its order.
+Imports no models module: Celery builds its queue list from it before Django's apps are loaded
+(tickweb/celery.py), and the relay declares the same topology before publishing. The lanes
+therefore come from apps/occurrences/lanes.py, which holds only the enum.
 """
 
 from __future__ import annotations
@@ -14,7 +13,9 @@ from typing import Final
 
 from kombu import Exchange, Queue
 
-LANES: Final = ("strict", "flexible", "catchup", "retry")
+from apps.occurrences.lanes import Lane
+
+LANES: Final = tuple(lane.value for lane in Lane)
 # x-delivery-limit: a message redelivered this often (e.g. it crashes every worker) is
 # dropped by RabbitMQ instead of looping; the outbox/reaper still owns the occurrence.
 # Queues declared earlier with other arguments fail with PRECONDITION_FAILED: delete them.
