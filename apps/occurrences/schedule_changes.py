@@ -202,17 +202,17 @@ def _recall_same_version(
     *,
     keep_lanes: Sequence[Lane],
     from_states: Sequence[Occurrence.State],
-    to_state: Occurrence.State,
 ) -> Receipt:
     """Steps 2-4 for a change that keeps the version (pause, cancel): every version so far is
-    affected."""
+    affected, and what is recalled is CANCELED (there is no newer version to supersede it)."""
     below = schedule.version + 1
+    canceled = Occurrence.State.CANCELED
     invalidated = _recall(
         schedule=schedule, below=below, keep_lanes=keep_lanes, from_states=from_states,
-        to_state=to_state, now=now,
+        to_state=canceled, now=now,
     )  # fmt: skip
     not_recalled = _not_recalled(schedule=schedule, below=below, now=now)
-    return _receipt(action, schedule, now, invalidated, to_state, not_recalled)
+    return _receipt(action, schedule, now, invalidated, canceled, not_recalled)
 
 
 def _refuse_stale_or_canceled(*, read: Schedule, locked: Schedule) -> None:
@@ -289,7 +289,7 @@ def schedule_pause(*, schedule: Schedule, actor: str) -> LifecycleResult:
         _refuse_unless(locked, Schedule.State.ACTIVE, "paused")
         receipt = _recall_same_version(
             ScheduleEvent.Kind.PAUSED, locked, now, keep_lanes=[Lane.RETRY],
-            from_states=[Occurrence.State.SCHEDULED], to_state=Occurrence.State.CANCELED,
+            from_states=[Occurrence.State.SCHEDULED],
         )  # fmt: skip
         mark_paused(
             schedule=locked, actor=actor, now=now,
@@ -309,10 +309,9 @@ def schedule_resume(*, schedule: Schedule, actor: str) -> LifecycleResult:
     now = timezone.now()
     with transaction.atomic():
         locked = lock_schedule(schedule)
-        if locked.state == Schedule.State.ACTIVE:
-            return LifecycleResult(locked, Receipt(ScheduleEvent.Kind.RESUMED, now, locked.version))
-        _refuse_unless(locked, Schedule.State.PAUSED, "resumed")
-        mark_active(schedule=locked, actor=actor, now=now)
+        if locked.state != Schedule.State.ACTIVE:  # resuming an active schedule changes nothing
+            _refuse_unless(locked, Schedule.State.PAUSED, "resumed")
+            mark_active(schedule=locked, actor=actor, now=now)
     return LifecycleResult(locked, Receipt(ScheduleEvent.Kind.RESUMED, now, locked.version))
 
 
@@ -333,9 +332,8 @@ def schedule_cancel(*, schedule: Schedule, actor: str) -> LifecycleResult:
                 ),
             )
         receipt = _recall_same_version(
-            ScheduleEvent.Kind.CANCELED, locked, now, keep_lanes=[], from_states=_PENDING,
-            to_state=Occurrence.State.CANCELED,
-        )  # fmt: skip
+            ScheduleEvent.Kind.CANCELED, locked, now, keep_lanes=[], from_states=_PENDING
+        )
         mark_canceled(
             schedule=locked, actor=actor, now=now,
             invalidated=len(receipt.invalidated), not_recalled=len(receipt.not_recalled),

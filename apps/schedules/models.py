@@ -181,6 +181,3 @@ def shard_for(schedule_id: uuid.UUID, shards: int) -> int:
     """Stable H(schedule_id) mod N: the same in every process and after restarts."""
     digest = hashlib.blake2b(schedule_id.bytes, digest_size=8).digest()
     return int.from_bytes(digest, "big") % shards
-
-    def __str__(self) -> str:
-        return f"{self.kind} {self.schedule_id} v{self.version} by {self.actor}"

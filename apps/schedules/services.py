@@ -11,7 +11,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol
+from typing import Any, TypeAlias
 
 from django.conf import settings
 from django.db import transaction
@@ -73,32 +73,9 @@ class ScheduleSpec:
     payload: Any = None
 
 
-class Timing(Protocol):
-    """The fields that decide *when* a schedule fires: a saved `Schedule` or a `ScheduleSpec`."""
-
-    @property
-    def kind(self) -> str: ...
-
-    @property
-    def expression(self) -> str: ...
-
-    @property
-    def run_at(self) -> datetime | None: ...
-
-    @property
-    def time_zone(self) -> str: ...
-
-    @property
-    def dst_gap(self) -> str: ...
-
-    @property
-    def dst_fold(self) -> str: ...
-
-    @property
-    def start_at(self) -> datetime | None: ...
-
-    @property
-    def end_at(self) -> datetime | None: ...
+# The fields that decide *when* a schedule fires, read alike from a saved schedule and from a
+# definition not saved yet (a draft preview, a create or an update).
+Timing: TypeAlias = Schedule | ScheduleSpec
 
 
 def first_run_at(*, timing: Timing, now: datetime) -> datetime | None:
