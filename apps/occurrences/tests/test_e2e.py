@@ -6,62 +6,36 @@ the test database and the real broker (on a private queue prefix).
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
 from apps.occurrences.models import Attempt, HandlerEffect, Occurrence
-from apps.occurrences.tests.process_stack import database_url
+from apps.occurrences.tests.support.processes import ProcessStack, database_url, stack_env
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
-ROOT = Path(__file__).resolve().parents[3]
-
 
 @pytest.fixture
-def stack(queue_prefix, tmp_path):
+def stack(queue_prefix: str, tmp_path: Path) -> Iterator[ProcessStack]:
     """materialize, relay and a Celery worker as real processes; stopped with SIGTERM."""
-    env = {
-        **os.environ,
-        "DATABASE_URL": database_url(connection.settings_dict),
-        "TICK_QUEUE_PREFIX": queue_prefix,
-        "DJANGO_DEBUG": "1",
-        "PYTHONUNBUFFERED": "1",
-    }
-    python = sys.executable
-    commands = {
-        "materialize": [python, "manage.py", "materialize", "--idle-sleep", "0.2"],
-        "relay": [python, "manage.py", "relay", "--idle-sleep", "0.05"],
-        "worker": [
-            python, "-m", "celery", "-A", "tickweb", "worker", "--concurrency", "2",
-            "--loglevel", "INFO", "--hostname", f"e2e-{queue_prefix}@%h",
-            "--without-gossip", "--without-mingle", "--without-heartbeat",
-        ],
-    }  # fmt: skip
-    procs = {}
-    for name, cmd in commands.items():
-        log = open(tmp_path / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
-        procs[name] = (subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=log), log)
-    yield procs
-    for proc, _ in procs.values():
-        proc.send_signal(signal.SIGTERM)
-    for name, (proc, log) in procs.items():
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
-        sys.stdout.write(f"--- {name} log (tail) ---\n")
-        sys.stdout.write((tmp_path / f"{name}.log").read_text(errors="replace")[-3000:])
+    env = stack_env(
+        database_url=database_url(connection.settings_dict),
+        broker_url=settings.CELERY_BROKER_URL,
+        queue_prefix=queue_prefix,
+    )
+    processes = ProcessStack(tmp_path, env)
+    for role in ("materialize", "relay", "worker"):
+        processes.start_role(role)
+    yield processes
+    processes.stop_all()
 
 
 def test_schedule_created_through_the_api_runs_on_a_real_worker(api_a, tenant_a, stack):
@@ -89,8 +63,7 @@ def test_schedule_created_through_the_api_runs_on_a_real_worker(api_a, tenant_a,
         occurrence = Occurrence.objects.filter(schedule_id=schedule_id).first()
         if occurrence is not None and occurrence.state == Occurrence.State.SUCCEEDED:
             break
-        for name, (proc, _) in stack.items():
-            assert proc.poll() is None, f"{name} exited with {proc.returncode}"
+        stack.assert_alive()
         time.sleep(0.25)
 
     # then: one occurrence, one attempt, one effect, enqueued within the SLO

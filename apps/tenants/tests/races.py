@@ -12,7 +12,8 @@ from django.db import connection
 
 def run_at_once(n: int, work: Callable[[int], Any]) -> list[Any]:
     """`work(i)` for i in 0..n-1, one thread each; a raised exception is returned as the
-    result. Each thread closes its own connection."""
+    result, and a thread still running after a minute leaves None. Each thread closes its
+    own connection."""
     barrier = threading.Barrier(n)
     results: list[Any] = [None] * n
 
@@ -29,5 +30,5 @@ def run_at_once(n: int, work: Callable[[int], Any]) -> list[Any]:
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(30)
+        thread.join(60)
     return results

@@ -80,39 +80,43 @@ def test_zero_is_allowed_where_only_negatives_are_refused(name):
         assert check_value_ranges() == []
 
 
-@override_settings(TICK_PLANNING_WINDOW_S=20, TICK_LEASE_TTL_S=15)
-def test_a_planning_window_not_beyond_the_relay_look_ahead_is_e006():
-    with override_settings(TICK_RELAY_LOOKAHEAD_MS=20_000):
-        assert _ids(check_pipeline_windows()) == ["tick.E006"]
-    with override_settings(TICK_RELAY_LOOKAHEAD_MS=19_999):
-        assert check_pipeline_windows() == []
+# Each cross-setting invariant at its edge: with `fixed` in place, `name` = `refused` is
+# reported under its id and level; one step to the safe side, `allowed`, passes.
+@pytest.mark.parametrize(
+    ("check", "fixed", "name", "refused", "allowed", "error_id", "level"),
+    [
+        pytest.param(
+            check_pipeline_windows, {"TICK_PLANNING_WINDOW_S": 20, "TICK_LEASE_TTL_S": 15},
+            "TICK_RELAY_LOOKAHEAD_MS", 20_000, 19_999, "tick.E006", checks.ERROR,
+            id="planning-window-not-beyond-relay-look-ahead",
+        ),
+        pytest.param(
+            check_pipeline_windows, {"TICK_RELAY_LOOKAHEAD_MS": 5000, "TICK_LEASE_TTL_S": 15},
+            "TICK_PLANNING_WINDOW_S", 15, 16, "tick.E007", checks.ERROR,
+            id="planning-window-not-beyond-lease-ttl",
+        ),
+        pytest.param(
+            check_pipeline_windows, {"TICK_RETENTION_DAYS": 1},
+            "TICK_RETRY_DEADLINE_S", 86_401, 86_400, "tick.E008", checks.ERROR,
+            id="retention-shorter-than-retry-deadline",
+        ),
+        pytest.param(
+            check_audit_bounds, {"TICK_RETRY_CAP_S": 600},
+            "TICK_AUDIT_ENQUEUED_BOUND_S", 600, 601, "tick.W001", checks.WARNING,
+            id="audit-enqueued-bound-within-retry-cap",
+        ),
+    ],
+)  # fmt: skip
+def test_a_broken_invariant_between_settings_is_reported_at_its_edge(
+    check, fixed, name, refused, allowed, error_id, level
+):
+    with override_settings(**fixed, **{name: refused}):
+        messages = check()
+    with override_settings(**fixed, **{name: allowed}):
+        assert check() == []
 
-
-@override_settings(TICK_RELAY_LOOKAHEAD_MS=5000, TICK_LEASE_TTL_S=15)
-def test_a_planning_window_not_beyond_the_lease_ttl_is_e007():
-    with override_settings(TICK_PLANNING_WINDOW_S=15):
-        assert _ids(check_pipeline_windows()) == ["tick.E007"]
-    with override_settings(TICK_PLANNING_WINDOW_S=16):
-        assert check_pipeline_windows() == []
-
-
-@override_settings(TICK_RETENTION_DAYS=1)
-def test_retention_shorter_than_the_retry_deadline_is_e008():
-    with override_settings(TICK_RETRY_DEADLINE_S=86_401):
-        assert _ids(check_pipeline_windows()) == ["tick.E008"]
-    with override_settings(TICK_RETRY_DEADLINE_S=86_400):
-        assert check_pipeline_windows() == []
-
-
-@override_settings(TICK_RETRY_CAP_S=600)
-def test_an_audit_enqueued_bound_within_the_retry_cap_is_w001():
-    with override_settings(TICK_AUDIT_ENQUEUED_BOUND_S=600):
-        messages = check_audit_bounds()
-    with override_settings(TICK_AUDIT_ENQUEUED_BOUND_S=601):
-        assert check_audit_bounds() == []
-
-    assert _ids(messages) == ["tick.W001"]
-    assert messages[0].level == checks.WARNING
+    assert _ids(messages) == [error_id]
+    assert messages[0].level == level
 
 
 def test_manage_py_check_refuses_a_bad_environment():

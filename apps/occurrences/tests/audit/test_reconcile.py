@@ -25,7 +25,7 @@ from apps.occurrences.audit.reconcile import (
 from apps.occurrences.models import Attempt, DispatchOutbox, Lane, Occurrence, occurrence_id_for
 from apps.occurrences.pipeline.materializer import materialize_pass
 from apps.occurrences.schedule_changes import schedule_pause, schedule_update
-from apps.occurrences.tests.helpers import leases, materialize_config
+from apps.occurrences.tests.support.pipeline import leases, materialize_config
 from apps.schedules import timerules
 from apps.schedules.models import Schedule
 from apps.schedules.services import ScheduleSpec

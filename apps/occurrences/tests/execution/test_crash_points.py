@@ -28,13 +28,11 @@ from apps.occurrences.pipeline.broker import Publisher
 from apps.occurrences.pipeline.materializer import flexible_offset_s, materialize_pass
 from apps.occurrences.pipeline.queues import all_queue_names
 from apps.occurrences.pipeline.relay import Recorder, relay_step
-from apps.occurrences.tests.helpers import leases, materialize_config, relay_config
-from apps.occurrences.tests.process_stack import database_url
+from apps.occurrences.tests.support.pipeline import leases, materialize_config, relay_config
+from apps.occurrences.tests.support.processes import ROOT, database_url
 from apps.schedules.models import Schedule
 from apps.schedules.tests.factories import make_schedule
 from tickweb.celery import app as celery_app
-
-ROOT = Path(__file__).resolve().parents[3]
 
 
 def _start(kind: str, queue_prefix: str, tmp_path: Path, **env: str) -> subprocess.Popen[bytes]:

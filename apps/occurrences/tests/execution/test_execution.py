@@ -17,7 +17,7 @@ from apps.occurrences.execution.reaper import attempts_reap
 from apps.occurrences.execution.run import occurrence_execute
 from apps.occurrences.models import Attempt, DispatchOutbox, HandlerEffect, Lane, Occurrence
 from apps.occurrences.pipeline.materializer import materialize_pass
-from apps.occurrences.tests.helpers import leases, materialize_config
+from apps.occurrences.tests.support.pipeline import leases, materialize_config
 from apps.schedules.models import Schedule
 from apps.schedules.tests.factories import make_schedule
 

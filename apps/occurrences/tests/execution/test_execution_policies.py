@@ -20,8 +20,9 @@ from apps.occurrences.execution.reaper import attempts_reap
 from apps.occurrences.execution.replay import occurrences_replay
 from apps.occurrences.execution.run import occurrence_execute
 from apps.occurrences.models import Attempt, DispatchOutbox, Lane, Occurrence, RetryBudget
-from apps.occurrences.tests.exec_helpers import occurrence, schedule, state_of
+from apps.occurrences.tests.support.rows import occurrence, schedule, state_of
 from apps.schedules.models import Schedule
+from apps.tenants.tests.races import run_at_once
 
 HOUR = timedelta(hours=1)
 
@@ -148,25 +149,12 @@ def test_concurrency_quota_holds_under_a_burst(tenant_a):
     tenant_a.save(update_fields=["max_running"])
     now = timezone.now()
     occs = [occurrence(schedule(tenant_a, name=f"s{i}"), now) for i in range(12)]
-    barrier = threading.Barrier(len(occs))
-    statuses: list[ClaimStatus] = []
-
-    def claim(occ):
-        try:
-            barrier.wait()
-            statuses.append(_claim(occ, now=now).status)
-        finally:
-            connection.close()
 
     # when: 12 workers claim at the same moment
-    threads = [threading.Thread(target=claim, args=(o,)) for o in occs]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    statuses = run_at_once(len(occs), lambda i: _claim(occs[i], now=now).status)
 
     # then: exactly 3 run; 9 are delayed through the retry lane, none failed
-    assert sorted(statuses).count(ClaimStatus.CLAIMED) == 3
+    assert statuses.count(ClaimStatus.CLAIMED) == 3
     assert statuses.count(ClaimStatus.DELAYED) == 9
     assert Attempt.objects.filter(tenant=tenant_a, finished_at__isnull=True).count() == 3
     delayed = DispatchOutbox.objects.filter(tenant_id=tenant_a.id)
@@ -345,21 +333,8 @@ def test_cancel_of_a_pending_occurrence_is_final_at_once(tenant_a):
 @pytest.mark.django_db(transaction=True)
 def test_two_concurrent_claims_exactly_one_wins(tenant_a):
     occ = occurrence(schedule(tenant_a), timezone.now())
-    barrier = threading.Barrier(2)
-    statuses = []
 
-    def claim(worker):
-        try:
-            barrier.wait()
-            statuses.append(_claim(occ, worker=worker).status)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=claim, args=(w,)) for w in ("w1", "w2")]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    statuses = run_at_once(2, lambda i: _claim(occ, worker=f"w{i + 1}").status)
 
     assert sorted(statuses) == [ClaimStatus.CLAIMED, ClaimStatus.DUPLICATE]
     assert Attempt.objects.filter(occurrence_id=occ.id).count() == 1

@@ -24,7 +24,7 @@ from apps.occurrences.execution.webhook import (
     validate_webhook_payload,
     webhook_send,
 )
-from apps.occurrences.tests.exec_helpers import occurrence, schedule
+from apps.occurrences.tests.support.rows import occurrence, schedule
 
 
 class _Recorder(BaseHTTPRequestHandler):

@@ -33,12 +33,12 @@ from apps.occurrences.pipeline.queues import (
     queue_name,
     tenant_partition,
 )
-from apps.occurrences.tests.exec_helpers import occurrence, schedule, state_of
-from apps.occurrences.tests.process_stack import database_url
+from apps.occurrences.tests.support.processes import ROOT, database_url
+from apps.occurrences.tests.support.rows import occurrence, schedule, state_of
+from apps.tenants.models import Tenant
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
-ROOT = Path(__file__).resolve().parents[3]
 LEASE_S = 2
 
 
@@ -161,6 +161,22 @@ def _outcomes(occ: Occurrence) -> list[str]:
     return list(rows.values_list("outcome", flat=True))
 
 
+def _first_attempt_sleeping(
+    tenant: Tenant, stack: Stack, channel: Any, prefix: str, *, sleep_s: int
+) -> tuple[Occurrence, int]:
+    """An occurrence whose handler records its effect, then sleeps `sleep_s` on its first
+    attempt; published with worker, relay and reaper running. Returns it and the pid of the
+    pool process running attempt 1 once that attempt is inside its sleep."""
+    occ = occurrence(
+        schedule(tenant, payload={"sleep_s": sleep_s, "sleep_attempts": 1}), timezone.now()
+    )
+    stack.start("worker", "relay", "reap")
+    _publish(channel, prefix, occ)
+    pid = _wait(lambda: HandlerEffect.objects.filter(occurrence_id=occ.id).exists()
+                and _attempt_pid(occ, 1), 30, "attempt 1 to run", stack)  # fmt: skip
+    return occ, int(pid)
+
+
 def test_same_message_delivered_twice_applies_the_effect_once(
     tenant_a, stack, channel, queue_prefix
 ):
@@ -184,13 +200,7 @@ def test_worker_sigkilled_mid_handler_recovers_with_the_effect_once(
     tenant_a, stack, channel, queue_prefix
 ):
     # given: a handler that records its effect, then sleeps 30 s on its first attempt
-    occ = occurrence(
-        schedule(tenant_a, payload={"sleep_s": 30, "sleep_attempts": 1}), timezone.now()
-    )
-    stack.start("worker", "relay", "reap")
-    _publish(channel, queue_prefix, occ)
-    pid = _wait(lambda: HandlerEffect.objects.filter(occurrence_id=occ.id).exists()
-                and _attempt_pid(occ, 1), 30, "attempt 1 to run", stack)  # fmt: skip
+    occ, pid = _first_attempt_sleeping(tenant_a, stack, channel, queue_prefix, sleep_s=30)
 
     # when: the pool process running it is SIGKILLed (what the OOM killer does)
     os.kill(pid, signal.SIGKILL)
@@ -211,12 +221,7 @@ def test_worker_stopped_past_its_lease_cannot_overwrite_the_newer_result(
     tenant_a, stack, channel, queue_prefix
 ):
     # given: attempt 1 runs a 4 s handler in a pool process
-    occ = occurrence(
-        schedule(tenant_a, payload={"sleep_s": 4, "sleep_attempts": 1}), timezone.now()
-    )
-    stack.start("worker", "relay", "reap")
-    _publish(channel, queue_prefix, occ)
-    pid = _wait(lambda: _attempt_pid(occ, 1), 30, "attempt 1 to run", stack)
+    occ, pid = _first_attempt_sleeping(tenant_a, stack, channel, queue_prefix, sleep_s=4)
 
     # when: that process is frozen (SIGSTOP) until attempt 2 has finished elsewhere
     os.kill(pid, signal.SIGSTOP)

@@ -1,7 +1,8 @@
 """Broker faults with real processes: nothing is lost when RabbitMQ loses a node.
 
-materialize, relay and Celery workers run as subprocesses (process_stack.py) against the
-test database and private RabbitMQ nodes (private_rabbitmq.py), never the shared broker:
+materialize, relay and Celery workers run as subprocesses (support/processes.py) against the
+test database and private RabbitMQ nodes (support/private_rabbitmq.py, booted by this
+folder's conftest.py), never the shared broker:
 - a 3-node cluster whose node leading the lane queues is SIGKILLed during a burst, with
   every node listed in CELERY_BROKER_URL (`;`), so relay and workers fail over;
 - a single node whose RabbitMQ application is stopped for 3 s during a stream.
@@ -29,13 +30,13 @@ from apps.occurrences.audit.stuck import queue_depths
 from apps.occurrences.models import Attempt, HandlerEffect, Occurrence
 from apps.occurrences.pipeline.broker import OutgoingMessage, Publisher
 from apps.occurrences.pipeline.queues import TASK_NAME, queue_name, tenant_partition
-from apps.occurrences.tests.private_rabbitmq import (  # noqa: F401 - fixtures
-    PrivateRabbitMQ,
+from apps.occurrences.tests.support.private_rabbitmq import PrivateRabbitMQ
+from apps.occurrences.tests.support.processes import (
+    ProcessStack,
+    database_url,
     free_port,
-    private_rabbitmq,
-    rabbitmq_cluster,
+    stack_env,
 )
-from apps.occurrences.tests.process_stack import ProcessStack, database_url, stack_env
 from apps.schedules.models import Schedule
 from apps.schedules.tests.factories import make_schedule
 from apps.tenants.models import Tenant
@@ -68,31 +69,36 @@ def prefix() -> str:
     return f"tick-faults-{uuid.uuid4().hex[:8]}"
 
 
-def _start_stack(tmp_path: Path, rabbit: PrivateRabbitMQ, prefix: str) -> ProcessStack:
-    env = stack_env(
-        database_url=database_url(connection.settings_dict),
-        broker_url=rabbit.broker_url,
-        queue_prefix=prefix,
-        # One message per occurrence: the most messages in flight when a node goes.
-        TICK_RELAY_ENVELOPE_MAX="1",
-    )
-    stack = ProcessStack(tmp_path, env)
-    stack.start_role("materialize")
-    stack.start_role("relay")
-    stack.start_role("worker", name="worker1")
-    stack.start_role("worker", name="worker2")
-    ready = _wait_for(
-        lambda: all(" ready." in stack.log_text(w) for w in ("worker1", "worker2")), 60, stack
-    )
-    assert ready, stack.log_tail("worker1") + stack.log_tail("worker2")
-    return stack
-
-
 @pytest.fixture
-def stacks(tmp_path: Path) -> Iterator[list[ProcessStack]]:
-    """Stacks a test started; stopped (SIGTERM, logs printed) before the database flush."""
+def start_stack(prefix: str, tmp_path: Path) -> Iterator[Callable[[PrivateRabbitMQ], ProcessStack]]:
+    """Starts materialize, relay and two workers on a restored broker and waits for the
+    workers; what it started is stopped (SIGTERM, logs printed) before the database flush."""
     started: list[ProcessStack] = []
-    yield started
+
+    def start(rabbit: PrivateRabbitMQ) -> ProcessStack:
+        rabbit.restore()
+        env = stack_env(
+            database_url=database_url(connection.settings_dict),
+            broker_url=rabbit.broker_url,
+            queue_prefix=prefix,
+            # One message per occurrence: the most messages in flight when a node goes.
+            TICK_RELAY_ENVELOPE_MAX="1",
+        )
+        stack = ProcessStack(tmp_path, env)
+        started.append(stack)
+        stack.start_role("materialize")
+        stack.start_role("relay")
+        stack.start_role("worker", name="worker1")
+        stack.start_role("worker", name="worker2")
+        ready = _wait_for(
+            lambda: all(" ready." in stack.log_text(w) for w in ("worker1", "worker2")),
+            60,
+            stack,
+        )
+        assert ready, stack.log_tail("worker1") + stack.log_tail("worker2")
+        return stack
+
+    yield start
     for stack in started:
         stack.stop_all()
 
@@ -162,15 +168,12 @@ def _log_lines(stack: ProcessStack, name: str, pattern: str, limit: int = 6) -> 
 
 
 def test_cluster_loses_the_node_leading_the_queues_mid_burst(
-    rabbitmq_cluster: PrivateRabbitMQ,  # noqa: F811
+    rabbitmq_cluster: PrivateRabbitMQ,
     prefix: str,
-    stacks: list[ProcessStack],
-    tmp_path: Path,
+    start_stack: Callable[[PrivateRabbitMQ], ProcessStack],
 ) -> None:
     cluster = rabbitmq_cluster
-    cluster.restore()
-    stack = _start_stack(tmp_path, cluster, prefix)
-    stacks.append(stack)
+    stack = start_stack(cluster)
     tenants = [tenant_create(slug=f"burst-{i}") for i in range(3)]
     queues = {queue_name(prefix, "strict", tenant_partition(t.id, PARTITIONS)) for t in tenants}
 
@@ -229,16 +232,12 @@ def test_cluster_loses_the_node_leading_the_queues_mid_burst(
 
 
 def test_single_node_restart_during_a_stream(
-    private_rabbitmq: PrivateRabbitMQ,  # noqa: F811
-    prefix: str,
-    stacks: list[ProcessStack],
-    tmp_path: Path,
+    private_rabbitmq: PrivateRabbitMQ,
+    start_stack: Callable[[PrivateRabbitMQ], ProcessStack],
 ) -> None:
     rabbit = private_rabbitmq
-    rabbit.restore()
     node = rabbit.nodes[0]
-    stack = _start_stack(tmp_path, rabbit, prefix)
-    stacks.append(stack)
+    stack = start_stack(rabbit)
     tenant = tenant_create(slug="stream")
 
     # given: a stream of one-shots, 4 due every second for 16 s
@@ -281,7 +280,7 @@ def test_single_node_restart_during_a_stream(
 
 
 def test_publisher_and_queue_depths_skip_a_dead_node_in_the_list(
-    private_rabbitmq: PrivateRabbitMQ,  # noqa: F811
+    private_rabbitmq: PrivateRabbitMQ,
     prefix: str,
 ) -> None:
     # given: a node list whose first entry nobody listens on

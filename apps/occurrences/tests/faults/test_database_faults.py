@@ -1,10 +1,10 @@
 """A PostgreSQL restart in the middle of a burst loses nothing (real processes).
 
 Everything runs against a private PostgreSQL cluster (own data directory and port, see
-private_postgres.py) so the restart never touches the machine's shared server; RabbitMQ is
-the shared node on a private queue prefix. Two materializers, two relays, two workers and a
-reaper run as in production; the cluster is stopped (every connection terminated) while the
-workers are claiming the burst, and started again two seconds later.
+support/private_postgres.py) so the restart never touches the machine's shared server;
+RabbitMQ is the shared node on a private queue prefix. Two materializers, two relays, two
+workers and a reaper run as in production; the cluster is stopped (every connection
+terminated) while the workers are claiming the burst, and started again two seconds later.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from apps.occurrences.tests.private_postgres import PrivatePostgres
-from apps.occurrences.tests.process_stack import ROOT, ProcessStack, stack_env
+from apps.occurrences.tests.support.private_postgres import PrivatePostgres
+from apps.occurrences.tests.support.processes import ROOT, ProcessStack, stack_env
 
 pytestmark = [pytest.mark.e2e]
 

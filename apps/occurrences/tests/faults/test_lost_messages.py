@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from apps.occurrences.models import HandlerEffect, Occurrence
 from apps.occurrences.pipeline.queues import all_queue_names
-from apps.occurrences.tests.process_stack import ProcessStack, database_url, stack_env
+from apps.occurrences.tests.support.processes import ProcessStack, database_url, stack_env
 from apps.schedules.models import Schedule
 from apps.schedules.tests.factories import make_schedule
 

@@ -6,7 +6,7 @@ import pytest
 from django.utils import timezone
 
 from apps.occurrences.models import DispatchOutbox, Lane
-from apps.occurrences.tests.exec_helpers import dead_occurrence, occurrence, schedule, state_of
+from apps.occurrences.tests.support.rows import dead_occurrence, occurrence, schedule, state_of
 
 pytestmark = pytest.mark.django_db
 

@@ -15,7 +15,7 @@ from apps.occurrences.selectors import (
     OccurrenceFilterError,
     parse_occurrence_filter,
 )
-from apps.occurrences.tests.exec_helpers import dead_occurrence, occurrence, schedule
+from apps.occurrences.tests.support.rows import dead_occurrence, occurrence, schedule
 
 SCHEDULE = uuid.UUID("12345678-1234-5678-1234-567812345678")
 

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from apps.occurrences.models import DispatchOutbox, Occurrence
 from apps.occurrences.observability import dashboard as dash
-from apps.occurrences.tests.exec_helpers import dead_occurrence, occurrence, schedule, state_of
+from apps.occurrences.tests.support.rows import dead_occurrence, occurrence, schedule, state_of
 
 pytestmark = pytest.mark.django_db
 

@@ -1,20 +1,60 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from django.db import connection
+from django.db.models import QuerySet
 from django.test.utils import CaptureQueriesContext
 
 from apps.occurrences.models import DispatchOutbox, Lane, Occurrence, occurrence_id_for
-from apps.occurrences.pipeline.materializer import flexible_offset_s, materialize_pass
-from apps.occurrences.tests.helpers import leases, materialize_config
+from apps.occurrences.pipeline.materializer import (
+    MaterializeConfig,
+    flexible_offset_s,
+    materialize_pass,
+)
+from apps.occurrences.tests.support.pipeline import leases, materialize_config
 from apps.schedules.models import Schedule, ScheduleEvent
 from apps.schedules.tests.factories import make_schedule
+from apps.tenants.models import Tenant
 
 pytestmark = pytest.mark.django_db
 
 NOW = datetime(2026, 12, 2, 12, 0, 30, tzinfo=UTC)
+
+
+def _after_one_pass(
+    tenant: Tenant, *, config: MaterializeConfig | None = None, **fields: Any
+) -> Schedule:
+    """A schedule made with `fields`, after one materialization pass at NOW."""
+    schedule = make_schedule(tenant, **fields)
+    materialize_pass(leases=leases(), now=NOW, config=config or materialize_config())
+    return schedule
+
+
+def _misfired(
+    tenant: Tenant,
+    policy: Schedule.MisfirePolicy,
+    since: datetime,
+    *,
+    missed_record_limit: int = 10,
+    **fields: Any,
+) -> Schedule:
+    """An every-minute schedule (60 s lateness allowed) due since `since` under `policy`,
+    after one pass at NOW."""
+    return _after_one_pass(
+        tenant,
+        config=materialize_config(missed_record_limit=missed_record_limit),
+        misfire_policy=policy,
+        max_lateness_s=60,
+        next_run_at=since,
+        **fields,
+    )
+
+
+def _instants(occurrences: QuerySet[Occurrence]) -> list[datetime]:
+    return sorted(occurrences.values_list("scheduled_for", flat=True))
 
 
 def test_due_cron_schedule_gets_occurrences_and_outbox_rows_inside_the_window(tenant_a):
@@ -66,11 +106,9 @@ def test_rematerializing_an_instant_conflicts_instead_of_duplicating(tenant_a):
 
 def test_one_shot_materializes_once_and_completes(tenant_a):
     run_at = datetime(2026, 12, 2, 12, 1, 15, tzinfo=UTC)
-    schedule = make_schedule(
+    schedule = _after_one_pass(
         tenant_a, kind=Schedule.Kind.ONE_SHOT, expression="", run_at=run_at, next_run_at=run_at
     )
-
-    materialize_pass(leases=leases(), now=NOW, config=materialize_config())
 
     schedule.refresh_from_db()
     assert schedule.state == Schedule.State.COMPLETED
@@ -80,14 +118,12 @@ def test_one_shot_materializes_once_and_completes(tenant_a):
 
 
 def test_flexible_available_at_is_stable_and_inside_the_window(tenant_a):
-    schedule = make_schedule(
+    schedule = _after_one_pass(
         tenant_a,
         precision=Schedule.Precision.FLEXIBLE,
         flexible_window_s=300,
         next_run_at=datetime(2026, 12, 2, 12, 1, tzinfo=UTC),
     )
-
-    materialize_pass(leases=leases(), now=NOW, config=materialize_config())
 
     for occ in Occurrence.objects.filter(schedule=schedule):
         assert occ.lane == Lane.FLEXIBLE
@@ -97,69 +133,44 @@ def test_flexible_available_at_is_stable_and_inside_the_window(tenant_a):
 
 
 def test_day_long_outage_with_skip_records_a_bounded_number_of_missed_rows(tenant_a):
-    # given: an every-minute schedule whose next_run_at is a day old
-    schedule = make_schedule(
-        tenant_a,
-        misfire_policy=Schedule.MisfirePolicy.SKIP,
-        max_lateness_s=60,
-        next_run_at=NOW - timedelta(days=1),
-    )
-
-    # when
-    materialize_pass(leases=leases(), now=NOW, config=materialize_config(missed_record_limit=10))
+    # given: an every-minute schedule whose next_run_at is a day old; when: one pass runs
+    schedule = _misfired(tenant_a, Schedule.MisfirePolicy.SKIP, NOW - timedelta(days=1))
 
     # then: 10 MISSED rows (the latest), a summary event, nothing late fired, and the
     # on-time instants (now - 60 s .. now + 120 s) materialized normally
     missed = Occurrence.objects.filter(schedule=schedule, state=Occurrence.State.MISSED)
     assert missed.count() == 10
-    assert max(missed.values_list("scheduled_for", flat=True)) == datetime(
-        2026, 12, 2, 11, 59, tzinfo=UTC
-    )
+    assert _instants(missed)[-1] == datetime(2026, 12, 2, 11, 59, tzinfo=UTC)
     fired = Occurrence.objects.filter(schedule=schedule, state=Occurrence.State.SCHEDULED)
-    assert sorted(fired.values_list("scheduled_for", flat=True)) == [
-        datetime(2026, 12, 2, 12, m, tzinfo=UTC) for m in (0, 1, 2)
-    ]
+    assert _instants(fired) == [datetime(2026, 12, 2, 12, m, tzinfo=UTC) for m in (0, 1, 2)]
     event = ScheduleEvent.objects.get(schedule=schedule, kind="missed")
     assert event.detail["missed_count"] >= 11
     assert DispatchOutbox.objects.filter(lane=Lane.CATCHUP).count() == 0
 
 
 def test_fire_once_fires_only_the_latest_late_instant_on_the_catchup_lane(tenant_a):
-    schedule = make_schedule(
-        tenant_a,
-        misfire_policy=Schedule.MisfirePolicy.FIRE_ONCE,
-        max_lateness_s=60,
-        next_run_at=datetime(2026, 12, 2, 11, 50, tzinfo=UTC),
+    since = datetime(2026, 12, 2, 11, 50, tzinfo=UTC)
+    schedule = _misfired(tenant_a, Schedule.MisfirePolicy.FIRE_ONCE, since)
+
+    catchup = Occurrence.objects.filter(
+        schedule=schedule, lane=Lane.CATCHUP, state=Occurrence.State.SCHEDULED
     )
-
-    materialize_pass(leases=leases(), now=NOW, config=materialize_config())
-
-    catchup = Occurrence.objects.filter(schedule=schedule, lane=Lane.CATCHUP, state="SCHEDULED")
-    assert list(catchup.values_list("scheduled_for", flat=True)) == [
-        datetime(2026, 12, 2, 11, 59, tzinfo=UTC)
-    ]
+    assert _instants(catchup) == [datetime(2026, 12, 2, 11, 59, tzinfo=UTC)]
     missed = Occurrence.objects.filter(schedule=schedule, state=Occurrence.State.MISSED)
-    assert sorted(missed.values_list("scheduled_for", flat=True)) == [
-        datetime(2026, 12, 2, 11, m, tzinfo=UTC) for m in range(50, 59)
-    ]
+    assert _instants(missed) == [datetime(2026, 12, 2, 11, m, tzinfo=UTC) for m in range(50, 59)]
 
 
 def test_catchup_fires_at_most_catchup_limit_latest_instants(tenant_a):
-    schedule = make_schedule(
-        tenant_a,
-        misfire_policy=Schedule.MisfirePolicy.CATCHUP,
-        catchup_limit=3,
-        max_lateness_s=60,
-        next_run_at=datetime(2026, 12, 2, 11, 30, tzinfo=UTC),
+    since = datetime(2026, 12, 2, 11, 30, tzinfo=UTC)
+    schedule = _misfired(
+        tenant_a, Schedule.MisfirePolicy.CATCHUP, since, missed_record_limit=5, catchup_limit=3
     )
 
-    materialize_pass(leases=leases(), now=NOW, config=materialize_config(missed_record_limit=5))
-
-    catchup = Occurrence.objects.filter(schedule=schedule, lane=Lane.CATCHUP, state="SCHEDULED")
-    assert sorted(catchup.values_list("scheduled_for", flat=True)) == [
-        datetime(2026, 12, 2, 11, m, tzinfo=UTC) for m in (57, 58, 59)
-    ]
-    assert Occurrence.objects.filter(schedule=schedule, state="MISSED").count() == 5
+    catchup = Occurrence.objects.filter(
+        schedule=schedule, lane=Lane.CATCHUP, state=Occurrence.State.SCHEDULED
+    )
+    assert _instants(catchup) == [datetime(2026, 12, 2, 11, m, tzinfo=UTC) for m in (57, 58, 59)]
+    assert Occurrence.objects.filter(schedule=schedule, state=Occurrence.State.MISSED).count() == 5
 
 
 def test_a_process_that_lost_its_lease_writes_nothing(tenant_a):

@@ -18,8 +18,8 @@ from apps.occurrences.pipeline.materializer import materialize_pass
 from apps.occurrences.pipeline.queues import queue_name, tenant_partition
 from apps.occurrences.pipeline.redelivery import occurrences_redeliver
 from apps.occurrences.pipeline.relay import relay_step
-from apps.occurrences.tests.exec_helpers import occurrence, schedule
-from apps.occurrences.tests.helpers import leases, materialize_config, relay_config
+from apps.occurrences.tests.support.pipeline import leases, materialize_config, relay_config
+from apps.occurrences.tests.support.rows import occurrence, schedule
 from apps.schedules.models import Schedule
 from apps.schedules.tests.factories import make_schedule
 

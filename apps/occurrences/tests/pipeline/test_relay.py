@@ -14,7 +14,7 @@ from apps.occurrences.models import DispatchOutbox, Occurrence, ShardLease
 from apps.occurrences.pipeline.materializer import materialize_pass
 from apps.occurrences.pipeline.queues import queue_name, tenant_partition
 from apps.occurrences.pipeline.relay import OutboxRow, Recorder, build_messages, relay_step
-from apps.occurrences.tests.helpers import leases, materialize_config, relay_config
+from apps.occurrences.tests.support.pipeline import leases, materialize_config, relay_config
 from apps.schedules.models import Schedule
 from apps.schedules.tests.factories import make_schedule
 

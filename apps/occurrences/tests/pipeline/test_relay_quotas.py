@@ -13,7 +13,7 @@ from apps.occurrences.models import DispatchOutbox, Lane, Occurrence, ShardLease
 from apps.occurrences.pipeline.materializer import materialize_pass
 from apps.occurrences.pipeline.relay import relay_step
 from apps.occurrences.pipeline.throttle import TenantThrottle, _Bucket
-from apps.occurrences.tests.helpers import leases, materialize_config, relay_config
+from apps.occurrences.tests.support.pipeline import leases, materialize_config, relay_config
 from apps.schedules.models import Schedule
 from apps.schedules.tests.factories import make_schedule
 from apps.tenants.models import Tenant

@@ -10,7 +10,6 @@ from __future__ import annotations
 import glob
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -18,11 +17,7 @@ from pathlib import Path
 
 import psycopg
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from apps.occurrences.tests.support.processes import free_port
 
 
 def _bin_dir() -> Path:

@@ -20,14 +20,12 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pytest
+from apps.occurrences.tests.support.processes import free_port
 
 # Debian's /usr/sbin wrappers re-run the tools as the `rabbitmq` user from /var/lib/rabbitmq
 # (the shared node's home and cookie); the real scripts are here.
@@ -42,13 +40,6 @@ def rabbitmq_tool(name: str) -> str | None:
     if candidate.exists():
         return str(candidate)
     return shutil.which(name)
-
-
-def free_port() -> int:
-    """A TCP port nothing listens on right now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _port_open(port: int) -> bool:
@@ -299,39 +290,3 @@ class PrivateRabbitMQ:
             if path.exists():
                 parts.append(f"--- {path.name} ---\n{path.read_text(errors='replace')[-chars:]}")
         return "\n".join(parts)
-
-
-def _started(root: Path, count: int) -> Iterator[PrivateRabbitMQ]:
-    if rabbitmq_tool("rabbitmq-server") is None or rabbitmq_tool("rabbitmqctl") is None:
-        pytest.skip("rabbitmq-server is not installed on this machine")
-    rabbit = PrivateRabbitMQ(root, count)
-    try:
-        began = time.monotonic()
-        rabbit.start()
-        if count > 1:
-            rabbit.form_cluster()
-        sys.stdout.write(
-            f"private RabbitMQ: {count} node(s) up in {time.monotonic() - began:.1f}s "
-            f"({rabbit.broker_url})\n"
-        )
-        yield rabbit
-    except BaseException:
-        for node in rabbit.nodes:
-            sys.stdout.write(rabbit.log_tail(node) + "\n")
-        raise
-    finally:
-        rabbit.close()
-
-
-# Module-scoped: booting costs seconds. A test that stops or kills nodes calls `restore()`
-# in its `finally`, so the next test of the module finds every node up again.
-@pytest.fixture(scope="module")
-def private_rabbitmq(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateRabbitMQ]:
-    """One private RabbitMQ node; its URL is `.broker_url`."""
-    yield from _started(tmp_path_factory.mktemp("rabbitmq"), 1)
-
-
-@pytest.fixture(scope="module")
-def rabbitmq_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateRabbitMQ]:
-    """Three private nodes in one cluster; `.broker_url` lists all three (`;`)."""
-    yield from _started(tmp_path_factory.mktemp("rabbitmq-cluster"), 3)

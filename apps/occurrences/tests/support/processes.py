@@ -2,19 +2,30 @@
 
 Each process writes its own log file under the test's tmp_path; `stop_all` sends SIGTERM,
 waits, kills what did not stop and prints each log's tail so a failing test shows why.
+`ROOT` is the project directory the processes run in (where manage.py is).
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-ROOT = Path(__file__).resolve().parents[3]
+from django.conf import settings
+
+ROOT: Path = settings.BASE_DIR
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def database_url(settings_dict: dict[str, Any]) -> str:

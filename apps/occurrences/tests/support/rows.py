@@ -1,4 +1,5 @@
-"""Helpers for execution tests: schedules and occurrences at chosen instants, no materializer."""
+"""Rows for tests that work below the materializer: schedules, and occurrences at chosen
+instants in chosen states, written directly."""
 
 from __future__ import annotations
 
@@ -16,9 +17,9 @@ from apps.tenants.models import Tenant
 
 
 def schedule(tenant: Tenant, **fields: Any) -> Schedule:
-    values: dict[str, Any] = {"expression": "0 * * * *", "payload": {}}
-    values.update(fields)
-    return make_schedule(tenant, **values)
+    """`make_schedule` with an hourly rule by default, so that no instant of it falls due by
+    itself while a test runs."""
+    return make_schedule(tenant, **{"expression": "0 * * * *", **fields})
 
 
 def occurrence(
@@ -49,13 +50,15 @@ def state_of(occ: Occurrence) -> str:
 def dead_occurrence(tenant: Tenant, minutes_ago: int = 1, error: str = "HTTP 503") -> Occurrence:
     """A DEAD occurrence of a new schedule, with its one FAILED attempt carrying `error`."""
     occ = occurrence(
-        schedule(tenant), timezone.now() - timedelta(minutes=minutes_ago), state="DEAD"
+        schedule(tenant),
+        timezone.now() - timedelta(minutes=minutes_ago),
+        state=Occurrence.State.DEAD,
     )
     Occurrence.objects.filter(id=occ.id).update(attempt_count=1, finished_at=timezone.now())
     Attempt.objects.create(
         scheduled_for=occ.scheduled_for, occurrence_id=occ.id, tenant_id=tenant.id, attempt_no=1,
         lease_token=uuid.uuid4(), lease_expires_at=timezone.now(), worker_id="w",
-        started_at=timezone.now(), finished_at=timezone.now(), outcome="FAILED",
+        started_at=timezone.now(), finished_at=timezone.now(), outcome=Attempt.Outcome.FAILED,
         error_class="PermanentError", error_message=error,
     )  # fmt: skip
     return occ

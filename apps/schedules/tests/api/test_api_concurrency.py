@@ -2,66 +2,31 @@
 
 from __future__ import annotations
 
-import threading
 from collections import Counter
-from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import connection
 from django.utils import timezone
-from rest_framework.test import APIClient
 
 from apps.occurrences.models import DispatchOutbox, Occurrence
 from apps.occurrences.pipeline.materializer import materialize_batch
 from apps.occurrences.pipeline.partitions import partitions_ensure
-from apps.occurrences.tests.helpers import leases, materialize_config
+from apps.occurrences.tests.support.pipeline import leases, materialize_config
 from apps.schedules.models import Schedule, ScheduleVersion
 from apps.schedules.tests.factories import make_schedule
-from apps.tenants.models import Tenant
-from apps.tenants.services import api_key_create
+from apps.tenants.tests.races import run_at_once
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 CRON = {"name": "race", "kind": "cron", "expression": "0 * * * *", "handler": "record"}
 
 
-def _client(tenant: Tenant) -> APIClient:
-    _, raw = api_key_create(tenant=tenant, name="race")
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
-    return client
-
-
-def _race(n: int, work: Callable[[int], Any]) -> list[Any]:
-    """Run `work(i)` in n threads released together; each closes its own DB connection."""
-    barrier = threading.Barrier(n)
-    results: list[Any] = [None] * n
-
-    def run(i: int) -> None:
-        try:
-            barrier.wait()
-            results[i] = work(i)
-        except Exception as exc:  # noqa: BLE001 - surfaced by the assertions
-            results[i] = exc
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-    return results
-
-
-def test_twenty_concurrent_creates_with_one_idempotency_key_make_one_schedule(tenant_a):
+def test_twenty_concurrent_creates_with_one_idempotency_key_make_one_schedule(tenant_a, api_a):
     tenant_a.api_rate_per_min = 10_000
     tenant_a.save(update_fields=["api_rate_per_min"])
-    client = _client(tenant_a)
 
-    responses = _race(20, lambda i: client.post(
+    responses = run_at_once(20, lambda i: api_a.post(
         "/api/v1/schedules", CRON, format="json", HTTP_IDEMPOTENCY_KEY="same-key"
     ))  # fmt: skip
 
@@ -71,15 +36,14 @@ def test_twenty_concurrent_creates_with_one_idempotency_key_make_one_schedule(te
     assert Schedule.objects.filter(tenant=tenant_a).count() == 1
 
 
-def test_fifty_concurrent_creates_at_the_quota_edge_admit_exactly_the_quota(tenant_a):
+def test_fifty_concurrent_creates_at_the_quota_edge_admit_exactly_the_quota(tenant_a, api_a):
     tenant_a.max_active_schedules = 12
     tenant_a.api_rate_per_min = 10_000
     tenant_a.save(update_fields=["max_active_schedules", "api_rate_per_min"])
     make_schedule(tenant_a)
     make_schedule(tenant_a)  # 2 of 12 used: 10 slots left
-    client = _client(tenant_a)
 
-    responses = _race(50, lambda i: client.post(
+    responses = run_at_once(50, lambda i: api_a.post(
         "/api/v1/schedules", {**CRON, "name": f"race {i}"}, format="json"
     ))  # fmt: skip
 
@@ -88,7 +52,7 @@ def test_fifty_concurrent_creates_at_the_quota_edge_admit_exactly_the_quota(tena
     assert Schedule.objects.filter(tenant=tenant_a, state="ACTIVE").count() == 12
 
 
-def test_update_racing_the_materializer_leaves_no_old_version_to_publish(tenant_a):
+def test_update_racing_the_materializer_leaves_no_old_version_to_publish(tenant_a, api_a):
     # given: 40 due every-minute schedules; the materializer works in batches of 5 while
     # every schedule is PATCHed concurrently
     now = timezone.now()
@@ -96,7 +60,6 @@ def test_update_racing_the_materializer_leaves_no_old_version_to_publish(tenant_
     tenant_a.api_rate_per_min = 10_000
     tenant_a.save(update_fields=["api_rate_per_min"])
     schedules = [make_schedule(tenant_a, name=f"s{i}", next_run_at=now) for i in range(40)]
-    client = _client(tenant_a)
     lease_set = leases()
     config = materialize_config(window_s=180, batch_size=5)
 
@@ -109,11 +72,11 @@ def test_update_racing_the_materializer_leaves_no_old_version_to_publish(tenant_
             return total
         schedule = schedules[i - 1] if i <= len(schedules) else None
         assert schedule is not None
-        return client.patch(
+        return api_a.patch(
             f"/api/v1/schedules/{schedule.id}", {"expression": "*/2 * * * *"}, format="json"
         )
 
-    results = _race(len(schedules) + 1, work)
+    results = run_at_once(len(schedules) + 1, work)
 
     # then: every update succeeded and its receipt names exactly what it superseded
     assert isinstance(results[0], int) and results[0] > 0, results[0]

@@ -11,7 +11,7 @@ from django.forms.models import model_to_dict
 
 from apps.occurrences.models import DispatchOutbox, Occurrence, occurrence_id_for
 from apps.occurrences.pipeline.materializer import materialize_pass
-from apps.occurrences.tests.helpers import leases, materialize_config
+from apps.occurrences.tests.support.pipeline import leases, materialize_config
 from apps.schedules.models import Schedule, ScheduleEvent, ScheduleVersion
 from apps.schedules.tests.factories import make_schedule
 
@@ -55,6 +55,30 @@ def _publish(schedule: Schedule, instant: datetime) -> Occurrence:
     Occurrence.objects.filter(pk=occurrence.pk).update(state="ENQUEUED", enqueued_at=NOW)
     DispatchOutbox.objects.filter(occurrence_id=occurrence.id).delete()
     return occurrence
+
+
+def _recalled(api: Any, tenant: Any, action: str) -> tuple[Schedule, dict[str, Any]]:
+    """`action` (pause, cancel) on a schedule materialized at NOW whose 12:01 occurrence was
+    published: the 12:02 one is invalidated, the published one is named as not recalled.
+    Returns the schedule and the response body."""
+    schedule = _materialized(tenant)
+    published = _publish(schedule, at(1))
+
+    response = api.post(f"/api/v1/schedules/{schedule.id}/{action}")
+
+    assert response.status_code == 200, response.content
+    body: dict[str, Any] = response.json()
+    assert body["receipt"]["invalidated"] == [str(occurrence_id_for(schedule.id, 1, at(2)))]
+    assert [n["id"] for n in body["receipt"]["not_recalled"]] == [str(published.id)]
+    return schedule, body
+
+
+def _repeat_changes_nothing(api: Any, schedule: Schedule, action: str, event: str) -> None:
+    """The same action again is a no-op: an empty receipt, no second `event`."""
+    again = api.post(f"/api/v1/schedules/{schedule.id}/{action}")
+    assert again.status_code == 200
+    assert again.json()["receipt"]["invalidated"] == []
+    assert ScheduleEvent.objects.filter(schedule=schedule, kind=event).count() == 1
 
 
 def _states(schedule: Schedule) -> dict[tuple[int, datetime], str]:
@@ -190,18 +214,11 @@ def test_invalid_patch_is_a_field_error_and_changes_nothing(api_a, tenant_a):
 
 @time_machine.travel(NOW, tick=False)
 def test_pause_cancels_unpublished_occurrences_and_stops_materialization(api_a, tenant_a):
-    schedule = _materialized(tenant_a)
-    published = _publish(schedule, at(1))
+    schedule, body = _recalled(api_a, tenant_a, "pause")
 
-    response = api_a.post(f"/api/v1/schedules/{schedule.id}/pause")
-
-    assert response.status_code == 200, response.content
-    receipt = response.json()["receipt"]
-    assert receipt["invalidated"] == [str(occurrence_id_for(schedule.id, 1, at(2)))]
+    receipt = body["receipt"]
     assert receipt["invalidated_state"] == "CANCELED"
-    assert [(n["id"], n["state"]) for n in receipt["not_recalled"]] == [
-        (str(published.id), "ENQUEUED")
-    ]
+    assert [n["state"] for n in receipt["not_recalled"]] == ["ENQUEUED"]
     schedule.refresh_from_db()
     assert (schedule.state, schedule.next_run_at, schedule.version) == ("PAUSED", at(3), 1)
     assert _states(schedule) == {(1, at(1)): "ENQUEUED", (1, at(2)): "CANCELED"}
@@ -209,11 +226,7 @@ def test_pause_cancels_unpublished_occurrences_and_stops_materialization(api_a, 
     later = NOW + timedelta(minutes=5)
     assert _materialize(later).schedules == 0
 
-    # pausing again is a no-op: empty receipt, no second event
-    again = api_a.post(f"/api/v1/schedules/{schedule.id}/pause")
-    assert again.status_code == 200
-    assert again.json()["receipt"]["invalidated"] == []
-    assert ScheduleEvent.objects.filter(schedule=schedule, kind="paused").count() == 1
+    _repeat_changes_nothing(api_a, schedule, "pause", "paused")
 
 
 def test_resume_lets_the_misfire_policy_judge_instants_missed_while_paused(api_a, tenant_a):
@@ -245,24 +258,14 @@ def test_resume_lets_the_misfire_policy_judge_instants_missed_while_paused(api_a
 
 @time_machine.travel(NOW, tick=False)
 def test_cancel_keeps_history_answers_with_a_receipt_and_is_idempotent(api_a, tenant_a):
-    schedule = _materialized(tenant_a)
-    published = _publish(schedule, at(1))
+    schedule, body = _recalled(api_a, tenant_a, "cancel")
 
-    response = api_a.post(f"/api/v1/schedules/{schedule.id}/cancel")
-
-    assert response.status_code == 200, response.content
-    body = response.json()
-    assert body["receipt"]["invalidated"] == [str(occurrence_id_for(schedule.id, 1, at(2)))]
-    assert body["receipt"]["not_recalled"][0]["id"] == str(published.id)
     assert (body["schedule"]["state"], body["schedule"]["next_run_at"]) == ("CANCELED", None)
     assert _states(schedule) == {(1, at(1)): "ENQUEUED", (1, at(2)): "CANCELED"}
     assert DispatchOutbox.objects.count() == 0
     assert ScheduleVersion.objects.get(schedule=schedule).valid_to == NOW
 
-    again = api_a.post(f"/api/v1/schedules/{schedule.id}/cancel")
-    assert again.status_code == 200
-    assert again.json()["receipt"]["invalidated"] == []
-    assert ScheduleEvent.objects.filter(schedule=schedule, kind="canceled").count() == 1
+    _repeat_changes_nothing(api_a, schedule, "cancel", "canceled")
 
     deleted = api_a.delete(f"/api/v1/schedules/{schedule.id}")
     assert deleted.status_code == 405

@@ -11,18 +11,18 @@ import tempfile
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
+from django.conf import settings
 from django.utils import timezone
 
 from apps.occurrences.models import Attempt, Occurrence
-from apps.occurrences.tests.exec_helpers import occurrence, schedule, state_of
+from apps.occurrences.tests.support.rows import occurrence, schedule, state_of
 from apps.schedules.models import Schedule
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
-SHOTS = Path(__file__).resolve().parents[3] / "docs" / "screenshots"
+SHOTS = settings.BASE_DIR / "docs" / "screenshots"
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),

@@ -9,7 +9,7 @@ import pytest
 import time_machine
 from django.utils import timezone
 
-from apps.occurrences.tests.exec_helpers import occurrence
+from apps.occurrences.tests.support.rows import occurrence
 from apps.schedules.models import Schedule, ScheduleEvent
 from apps.schedules.tests.factories import make_schedule
 
