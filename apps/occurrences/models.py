@@ -121,6 +121,7 @@ class Attempt(models.Model):
         FAILED = "FAILED", "Failed permanently"
         LEASE_EXPIRED = "LEASE_EXPIRED", "Lease expired"
         CANCELED = "CANCELED", "Canceled while running"
+        TIMED_OUT = "TIMED_OUT", "Timed out"
 
     pk = models.CompositePrimaryKey("id", "scheduled_for")
     id = models.UUIDField(default=uuid.uuid4)
@@ -229,6 +230,18 @@ class ShardLease(models.Model):
 
     def __str__(self) -> str:
         return f"{self.role} shard {self.shard} -> {self.owner or '-'} (gen {self.generation})"
+
+
+class WorkerPresence(models.Model):
+    """A live Celery worker and its number of slots (pool processes), refreshed by the worker:
+    the fair share of slots a tenant may hold is counted over the live ones."""
+
+    hostname = models.CharField(max_length=200, primary_key=True)
+    slots = models.PositiveIntegerField()
+    seen_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.hostname}: {self.slots} slots, seen {self.seen_at.isoformat()}"
 
 
 class LeaseMember(models.Model):

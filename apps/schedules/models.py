@@ -72,6 +72,8 @@ class Schedule(models.Model):
     )
     handler = models.CharField(max_length=100)
     payload = models.JSONField(default=dict, blank=True)
+    # Run-time limit of one attempt; NULL = the handler's default (execution/registry.py).
+    timeout_s = models.PositiveIntegerField(null=True, blank=True)
 
     # Server-owned: never mass-assigned from the API.
     version = models.PositiveIntegerField(default=1)

@@ -26,6 +26,8 @@ class Tenant(models.Model):
     api_rate_per_min = models.PositiveIntegerField(default=600)
     # Transient-failure retries per UTC hour; beyond it a failing occurrence goes DEAD.
     retry_budget_per_hour = models.PositiveIntegerField(default=1_000)
+    # Longest run-time limit a schedule of this tenant may ask for (`Schedule.timeout_s`).
+    max_timeout_s = models.PositiveIntegerField(default=3_600)
 
     class Meta:
         ordering = ["slug"]
