@@ -1,11 +1,13 @@
-"""Celery entry point: the relay publishes `tick.run_occurrence` messages to the lane queues.
+"""Celery entry point: the relay publishes `tick.run_occurrence` messages to the lane queues,
+and `tick.run_occurrences` envelopes for bursts, which the worker fans out (fanout.py).
 
 Hardening (settings.py): JSON only (a pickled message is refused before deserialization),
 `acks_late` + `reject_on_worker_lost`, prefetch multiplier 1; the queues carry a delivery
 limit (queues.py). Duplicates and crashes are absorbed by the claim, not by the broker.
 
 Acknowledgement rule: a message is acknowledged only once each occurrence it carries was
-claimed (or found finished) in the database. When an outage outlasts the worker's retries
+claimed (or found finished) in the database, or, for an envelope's items 2..n, republished
+with the broker's confirm. When an outage outlasts the worker's retries
 (run.occurrence_execute) the message is rejected with requeue, never acknowledged;
 whatever the broker still loses, the reaper's backstop republishes (docs/decisions.md).
 """
@@ -21,6 +23,12 @@ from typing import Any
 from celery import shared_task
 from celery.exceptions import Reject
 
+from apps.occurrences.execution.fanout import (
+    FanOutFailed,
+    envelope_fan_out,
+    envelope_queue,
+    worker_publisher,
+)
 from apps.occurrences.execution.run import occurrence_execute
 from apps.occurrences.observability import metrics
 from apps.occurrences.pipeline.outages import outage_of
@@ -68,19 +76,23 @@ def run_occurrence(self: Any, /, occurrence_id: str, scheduled_for: str, **_: An
     ignore_result=True,
 )
 def run_occurrences(self: Any, /, occurrences: list[dict[str, Any]], **_: Any) -> list[str]:
-    """An envelope of occurrences due at one instant (relay bursts): each one is claimed,
-    run and completed on its own, so a duplicate or a crash affects each independently.
-    A requeued envelope is redelivered whole: its finished items are dropped at claim."""
-    worker_id = _worker_id(self)
-    statuses: list[str] = []
-    for item in occurrences:
-        try:
-            statuses.append(_execute_item(item, worker_id))
-        except Reject:
-            raise
-        except Exception:
-            # One malformed item must not strand the rest of the envelope; the backstop
-            # republishes it if it is a real occurrence left ENQUEUED.
-            log.exception("envelope item %r failed", item)
-            statuses.append("error")
-    return statuses
+    """An envelope of occurrences due at one instant (relay bursts): items 2..n go back to
+    the same queue as one-occurrence messages, so free slots start them at once (fanout.py);
+    this slot then runs item 1. Not confirmed, the envelope is handed back whole; its
+    finished items are dropped at claim when it is redelivered."""
+    if not occurrences:
+        return []
+    first, rest = occurrences[0], occurrences[1:]
+    if rest:
+        _fan_out_or_requeue(self, rest, queue=envelope_queue(self.request.delivery_info, first))
+    return [_execute_item(first, _worker_id(self))]
+
+
+def _fan_out_or_requeue(task: Any, items: list[dict[str, Any]], *, queue: str) -> None:
+    try:
+        envelope_fan_out(items, queue=queue, publisher=worker_publisher(task.app))
+    except FanOutFailed as exc:
+        metrics.worker_requeues.inc()
+        log.warning("envelope %s: fan-out to %s failed (%s); message requeued",
+                    task.request.id, queue, exc)  # fmt: skip
+        raise Reject(exc, requeue=True) from exc

@@ -28,6 +28,7 @@ from kombu.serialization import dumps
 from apps.occurrences.pipeline.queues import (
     LANES,
     QUEUE_ARGUMENTS,
+    TASK_NAME,
     all_queue_names,
     exchange_name,
     queue_name,
@@ -111,6 +112,13 @@ class OutgoingMessage:
     task_name: str
     task_id: str
     kwargs: dict[str, Any]
+
+
+def occurrence_message(keys: tuple[int, ...], queue: str, item: dict[str, Any]) -> OutgoingMessage:
+    """The one-occurrence task message, as the relay publishes a lone occurrence and a
+    worker republishes an envelope's item. Task id = occurrence id: a republished occurrence
+    is recognisably the same task."""
+    return OutgoingMessage(keys, queue, TASK_NAME, str(item["occurrence_id"]), item)
 
 
 @dataclass(frozen=True)

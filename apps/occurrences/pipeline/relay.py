@@ -43,13 +43,12 @@ from django.utils import timezone
 
 from apps.occurrences.models import Lane, Occurrence
 from apps.occurrences.observability import metrics
-from apps.occurrences.pipeline.broker import OutgoingMessage, Publisher
+from apps.occurrences.pipeline.broker import OutgoingMessage, Publisher, occurrence_message
 from apps.occurrences.pipeline.bulk import array_literal
 from apps.occurrences.pipeline.leases import LeaseSet
 from apps.occurrences.pipeline.outages import drop_database_connection
 from apps.occurrences.pipeline.queues import (
     ENVELOPE_TASK_NAME,
-    TASK_NAME,
     queue_name,
     tenant_partition,
 )
@@ -217,9 +216,7 @@ def _chunks(rows: list[OutboxRow], size: int) -> Iterator[list[OutboxRow]]:
 def _message(chunk: list[OutboxRow], queue: str) -> OutgoingMessage:
     keys = tuple(row.id for row in chunk)
     if len(chunk) == 1:
-        row = chunk[0]
-        # Task id = occurrence id: a republished occurrence is recognisably the same task.
-        return OutgoingMessage(keys, queue, TASK_NAME, row.occurrence_id, _item(row))
+        return occurrence_message(keys, queue, _item(chunk[0]))
     return OutgoingMessage(
         keys,
         queue,
