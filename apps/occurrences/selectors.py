@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
-from django.db.models import QuerySet
+from django.db.models import OuterRef, QuerySet, Subquery
 from django.http import Http404, QueryDict
 from django.utils.dateparse import parse_datetime
 
@@ -20,9 +20,21 @@ def occurrences_for(*, tenant: Tenant) -> QuerySet[Occurrence]:
     return Occurrence.objects.filter(tenant=tenant)
 
 
+def with_first_start(queryset: QuerySet[Occurrence]) -> QuerySet[Occurrence]:
+    """The occurrences with `first_started_at`: the start of their attempt 1 (None before
+    it), read by a correlated subquery on the attempt's unique key (occurrence_id,
+    scheduled_for, attempt_no) inside the same query — one index probe per row of the page,
+    never a query per row. Attempt has no foreign key to join through."""
+    first = Attempt.objects.filter(
+        occurrence_id=OuterRef("id"), scheduled_for=OuterRef("scheduled_for"), attempt_no=1
+    ).values("started_at")[:1]
+    return queryset.annotate(first_started_at=Subquery(first))
+
+
 def access_occurrence(*, tenant: Tenant, occurrence_id: uuid.UUID | str) -> Occurrence:
-    """The tenant's occurrence, or 404 — also for another tenant's id."""
-    occurrence = occurrences_for(tenant=tenant).filter(id=occurrence_id).first()
+    """The tenant's occurrence (with `first_started_at`), or 404 — also for another
+    tenant's id."""
+    occurrence = with_first_start(occurrences_for(tenant=tenant)).filter(id=occurrence_id).first()
     if occurrence is None:
         raise Http404("No such occurrence.")
     return occurrence
@@ -36,17 +48,41 @@ def attempts_of(occurrence: Occurrence) -> QuerySet[Attempt]:
     ).order_by("attempt_no")
 
 
-def enqueue_lag_s(occurrence: Occurrence) -> float | None:
-    """enqueued_at - scheduled_for in seconds; flexible and retry lanes count from
-    available_at, the instant they became due."""
-    if occurrence.enqueued_at is None:
+# The instant a lane's lag counts from: a strict or catch-up occurrence is due at its instant
+# (`scheduled_for`), a flexible one — and a retry-lane outbox row — when it became due
+# (`available_at`). The relay's enqueue lag, the claim's start lag, the API, the pages and the
+# dashboard's SQL all read this one rule.
+LAG_FROM_AVAILABLE_AT: tuple[Lane, ...] = (Lane.FLEXIBLE, Lane.RETRY)
+
+
+def lag_reference(lane: str, *, scheduled_for: datetime, available_at: datetime) -> datetime:
+    return available_at if lane in LAG_FROM_AVAILABLE_AT else scheduled_for
+
+
+def _lag_s(occurrence: Occurrence, at: datetime | None) -> float | None:
+    if at is None:
         return None
-    due = (
-        occurrence.available_at
-        if occurrence.lane in (Lane.FLEXIBLE, Lane.RETRY)
-        else occurrence.scheduled_for
+    due = lag_reference(
+        occurrence.lane,
+        scheduled_for=occurrence.scheduled_for,
+        available_at=occurrence.available_at,
     )
-    return round((occurrence.enqueued_at - due).total_seconds(), 3)
+    return round((at - due).total_seconds(), 3)
+
+
+def enqueue_lag_s(occurrence: Occurrence) -> float | None:
+    """enqueued_at - the lane's lag reference (`lag_reference`), seconds; None before the
+    first broker confirm."""
+    return _lag_s(occurrence, occurrence.enqueued_at)
+
+
+def start_lag_s(occurrence: Occurrence) -> float | None:
+    """The first attempt's started_at - the lane's lag reference, seconds: how late the
+    handler started, as the tenant feels it (quota and overlap delays included); None before
+    the first attempt. The occurrence must come through `with_first_start` (the list reads
+    and `access_occurrence` do); a later attempt is a retry, late by design."""
+    started_at: datetime | None = vars(occurrence)["first_started_at"]
+    return _lag_s(occurrence, started_at)
 
 
 class OccurrenceFilterError(ValueError):
@@ -138,7 +174,7 @@ def occurrences_filtered(
     """The tenant's occurrences matching `filters`. `only_state` narrows a list to one state
     whatever the filters say (the DLQ: DEAD; a `state` filter naming another then matches
     nothing)."""
-    queryset = occurrences_for(tenant=tenant)
+    queryset = with_first_start(occurrences_for(tenant=tenant))
     if only_state is not None:
         queryset = queryset.filter(state=only_state)
     return filters.apply(queryset)

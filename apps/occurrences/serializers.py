@@ -5,7 +5,7 @@ from typing import Any
 from rest_framework import serializers
 
 from apps.occurrences.models import Attempt, Occurrence
-from apps.occurrences.selectors import attempts_of, enqueue_lag_s
+from apps.occurrences.selectors import attempts_of, enqueue_lag_s, start_lag_s
 
 
 class AttemptSerializer(serializers.ModelSerializer[Attempt]):
@@ -21,12 +21,18 @@ class AttemptSerializer(serializers.ModelSerializer[Attempt]):
 class OccurrenceSerializer(serializers.ModelSerializer[Occurrence]):
     schedule_id = serializers.UUIDField(read_only=True)
     lag_s = serializers.SerializerMethodField()
+    start_lag_s = serializers.SerializerMethodField(
+        help_text="How late the handler started, in seconds: the first attempt's started_at "
+        "minus scheduled_for (strict and catchup lanes) or minus available_at (flexible "
+        "lane). Includes the queue wait and any quota or overlap delay; retries are not "
+        "counted. null until the first attempt starts."
+    )
 
     class Meta:
         model = Occurrence
         fields = [
             "id", "schedule_id", "schedule_version", "scheduled_for", "available_at",
-            "enqueued_at", "lag_s", "state", "lane", "attempt_count", "created_at",
+            "enqueued_at", "lag_s", "start_lag_s", "state", "lane", "attempt_count", "created_at",
             "finished_at", "last_enqueued_at", "redelivery_count", "last_redelivered_at",
         ]  # fmt: skip
         read_only_fields = fields
@@ -34,6 +40,9 @@ class OccurrenceSerializer(serializers.ModelSerializer[Occurrence]):
     def get_lag_s(self, obj: Occurrence) -> float | None:
         """enqueued_at - scheduled_for (flexible: - available_at), seconds."""
         return enqueue_lag_s(obj)
+
+    def get_start_lag_s(self, obj: Occurrence) -> float | None:
+        return start_lag_s(obj)
 
 
 class OccurrenceDetailSerializer(OccurrenceSerializer):

@@ -19,12 +19,14 @@ from apps.occurrences.execution.replay import ReplayResult, occurrences_replay
 from apps.occurrences.models import Attempt, Occurrence
 from apps.occurrences.observability import dashboard as dash
 from apps.occurrences.selectors import (
+    LAG_FROM_AVAILABLE_AT,
     OccurrenceFilterError,
     access_occurrence,
     attempts_of,
     enqueue_lag_s,
     occurrences_filtered,
     parse_occurrence_filter,
+    start_lag_s,
 )
 from apps.schedules.models import Schedule
 from apps.tenants.pagination import web_page
@@ -39,6 +41,7 @@ def dashboard(request: HttpRequest) -> HttpResponse:
     tenant = tick_of(request).tenant
     now = timezone.now()
     points = dash.lag_percentiles(tenant=tenant, now=now, hours=6)
+    start_points = dash.start_lag_percentiles(tenant=tenant, now=now, hours=6)
     by_state = dash.schedules_by_state(tenant=tenant)
     hour = dash.occurrences_by_state(tenant=tenant, since=now - timedelta(hours=1), until=now)
     day = dash.occurrences_by_state(tenant=tenant, since=now - timedelta(days=1), until=now)
@@ -49,6 +52,7 @@ def dashboard(request: HttpRequest) -> HttpResponse:
                      for s, label in Occurrence.State.choices],
         "occ_any": bool(day), "retention_days": settings.TICK_RETENTION_DAYS,
         "lag_chart": dash.lag_chart_data(points), "lag_points": points,
+        "start_lag_chart": dash.lag_chart_data(start_points), "start_lag_points": start_points,
         "backlog": dash.due_backlog(tenant=tenant, now=now),
         "dlq": dash.dlq_count(tenant=tenant, now=now),
         "quotas": dash.quota_usage(tenant=tenant, now=now), "now": now, "nav": "dashboard",
@@ -87,7 +91,9 @@ def _filtered(
         request, queryset.select_related("schedule"), field="scheduled_for", size=PAGE_SIZE
     )
     context.update(page.pager(), since=filters.since, until=filters.until)
-    context["occurrences"] = [{"occ": o, "lag": enqueue_lag_s(o)} for o in page.rows]
+    context["occurrences"] = [
+        {"occ": o, "lag": enqueue_lag_s(o), "start_lag": start_lag_s(o)} for o in page.rows
+    ]
     context["errors"] = [page.error] if page.error else []
     return context
 
@@ -111,7 +117,8 @@ def occurrence_detail(request: HttpRequest, occurrence_id: str) -> HttpResponse:
     occurrence = access_occurrence(tenant=tenant, occurrence_id=parsed)
     return render(request, "tick/occurrence_detail.html", {
         "occ": occurrence, "attempts": list(attempts_of(occurrence)),
-        "lag": enqueue_lag_s(occurrence),
+        "lag": enqueue_lag_s(occurrence), "start_lag": start_lag_s(occurrence),
+        "lag_from": "available" if occurrence.lane in LAG_FROM_AVAILABLE_AT else "scheduled",
         "schedule": Schedule.objects.filter(tenant=tenant, id=occurrence.schedule_id).first(),
         "nav": "occurrences",
     })  # fmt: skip

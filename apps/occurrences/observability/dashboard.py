@@ -13,7 +13,7 @@ from django.db.models import Count
 from django.db.models.functions import TruncMinute
 
 from apps.occurrences.models import Lane, Occurrence
-from apps.occurrences.selectors import occurrences_for
+from apps.occurrences.selectors import LAG_FROM_AVAILABLE_AT, occurrences_for
 from apps.schedules.models import Schedule
 from apps.schedules.selectors import schedules_for
 from apps.tenants.models import Tenant
@@ -22,23 +22,36 @@ LAG_BUCKET_S = 300
 # The lanes whose lag the dashboard charts: the on-time ones.
 LAG_LANES = (Lane.STRICT, Lane.FLEXIBLE)
 
-# Lag per 5-minute bucket of scheduled_for and lane: strict = enqueued_at - scheduled_for,
-# flexible = enqueued_at - available_at, as the SLO metric `tick_schedule_lag_seconds`
-# (docs/operations.md "Metrics"). Percentiles are computed in PostgreSQL.
+# Lag per 5-minute bucket of scheduled_for and lane, from the lane's lag reference
+# (selectors.lag_reference: scheduled_for, or available_at for flexible) to `{measured}`:
+# enqueued_at, as the SLO metric `tick_schedule_lag_seconds`, or the first attempt's
+# started_at, as `tick_start_lag_seconds` (docs/operations.md "Metrics"). Percentiles are
+# computed in PostgreSQL; both tables are read within the range, so within its partitions.
 _LAG = """
-    SELECT to_timestamp(floor(extract(epoch FROM scheduled_for) / %(bucket)s) * %(bucket)s)
+    SELECT to_timestamp(floor(extract(epoch FROM o.scheduled_for) / %(bucket)s) * %(bucket)s)
                AS bucket,
-           lane,
+           o.lane,
            count(*),
            percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY extract(epoch FROM
-               enqueued_at - CASE WHEN lane = %(flexible_lane)s THEN available_at
-                                  ELSE scheduled_for END))
-    FROM occurrences_occurrence
-    WHERE tenant_id = %(tenant)s AND scheduled_for >= %(since)s AND scheduled_for < %(until)s
-      AND enqueued_at IS NOT NULL AND lane IN (%(strict_lane)s, %(flexible_lane)s)
+               {measured} - CASE WHEN o.lane = ANY(%(from_available_at)s) THEN o.available_at
+                                 ELSE o.scheduled_for END))
+    FROM occurrences_occurrence o {attempts}
+    WHERE o.tenant_id = %(tenant)s AND o.scheduled_for >= %(since)s AND o.scheduled_for < %(until)s
+      AND {measured} IS NOT NULL AND o.lane = ANY(%(lanes)s)
     GROUP BY 1, 2
     ORDER BY 1, 2
 """
+_ENQUEUE_LAG = _LAG.format(measured="o.enqueued_at", attempts="")
+# Attempt 1 by its unique key; its own range bound prunes the attempt partitions at planning
+# (the join's equality alone would not carry the range over).
+_START_LAG = _LAG.format(
+    measured="a.started_at",
+    attempts="""
+    JOIN occurrences_attempt a
+      ON a.occurrence_id = o.id AND a.scheduled_for = o.scheduled_for AND a.attempt_no = 1
+     AND a.tenant_id = %(tenant)s AND a.scheduled_for >= %(since)s AND a.scheduled_for < %(until)s
+    """,
+)
 
 
 @dataclass(frozen=True)
@@ -51,17 +64,27 @@ class LagPoint:
     p99: float
 
 
-def lag_percentiles(*, tenant: Tenant, now: datetime, hours: int = 6) -> list[LagPoint]:
-    since = now - timedelta(hours=hours)
+def _percentiles(sql: str, *, tenant: Tenant, now: datetime, hours: int) -> list[LagPoint]:
     with connection.cursor() as cursor:
-        cursor.execute(_LAG, {
-            "bucket": LAG_BUCKET_S, "tenant": tenant.id, "since": since, "until": now,
-            "strict_lane": Lane.STRICT, "flexible_lane": Lane.FLEXIBLE,
+        cursor.execute(sql, {
+            "bucket": LAG_BUCKET_S, "tenant": tenant.id, "since": now - timedelta(hours=hours),
+            "until": now, "lanes": [str(lane) for lane in LAG_LANES],
+            "from_available_at": [str(lane) for lane in LAG_FROM_AVAILABLE_AT],
         })  # fmt: skip
         rows = cursor.fetchall()
     return [
         LagPoint(row[0], row[1], int(row[2]), *(round(float(v), 3) for v in row[3])) for row in rows
     ]
+
+
+def lag_percentiles(*, tenant: Tenant, now: datetime, hours: int = 6) -> list[LagPoint]:
+    """Enqueue lag: from the lane's reference to the first broker confirm."""
+    return _percentiles(_ENQUEUE_LAG, tenant=tenant, now=now, hours=hours)
+
+
+def start_lag_percentiles(*, tenant: Tenant, now: datetime, hours: int = 6) -> list[LagPoint]:
+    """Start lag: from the lane's reference to the start of the first attempt."""
+    return _percentiles(_START_LAG, tenant=tenant, now=now, hours=hours)
 
 
 def lag_chart_data(points: list[LagPoint]) -> dict[str, Any]:

@@ -4,17 +4,20 @@ them on /metrics (web) or their own port (commands started with --metrics-port).
 from __future__ import annotations
 
 from collections.abc import Iterable
+from datetime import datetime
 from enum import StrEnum
 
 from prometheus_client import Counter, Gauge, Histogram
 
 from apps.occurrences.models import Lane
+from apps.occurrences.selectors import lag_reference
 
 LAG_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 30, 60, 300, 900, 3600)
 
 schedule_lag_seconds = Histogram(
     "tick_schedule_lag_seconds",
-    "enqueued_at - scheduled_for (strict) or - available_at (flexible), at broker confirm",
+    "enqueued_at - scheduled_for (strict, catch-up) or - available_at (flexible, retry), at "
+    "broker confirm",
     ["lane"],
     buckets=LAG_BUCKETS,
 )
@@ -50,6 +53,30 @@ for _lane in Lane:
     published.labels(lane=_lane)
 
 # --- execution --------------------------------------------------------------------------
+# From a fast handover (tens of ms) to a worker pool saturated for minutes; a catch-up
+# occurrence, late by design, lands in +Inf.
+START_LAG_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 20, 30, 60, 120, 300, 600)
+start_lag_seconds = Histogram(
+    "tick_start_lag_seconds",
+    "First attempt's started_at - scheduled_for (strict, catch-up) or - available_at "
+    "(flexible), when the claim opens it",
+    ["lane"],
+    buckets=START_LAG_BUCKETS,
+)
+# An occurrence is materialized in one of these lanes; the retry lane only carries outbox
+# rows, so it has no start-lag series.
+for _lane in (Lane.STRICT, Lane.FLEXIBLE, Lane.CATCHUP):
+    start_lag_seconds.labels(lane=_lane)
+
+
+def observe_start_lag(
+    lane: str, *, scheduled_for: datetime, available_at: datetime, started_at: datetime
+) -> None:
+    """How late the occurrence's first attempt started against its lane's lag reference."""
+    due = lag_reference(lane, scheduled_for=scheduled_for, available_at=available_at)
+    start_lag_seconds.labels(lane=lane).observe((started_at - due).total_seconds())
+
+
 overlap_skips = Counter(
     "tick_overlap_skipped_total", "Occurrences SKIPPED_OVERLAP at claim", ["policy"]
 )
@@ -218,3 +245,10 @@ class TenantLabels:
             self._known.add(key)
             return key
         return "other"
+
+
+fair_share_delays = Counter(
+    "tick_fair_share_delayed_total",
+    "Claims delayed through the outbox because the tenant held its share of the live worker "
+    "slots (TICK_TENANT_SLOT_SHARE)",
+)

@@ -7,11 +7,19 @@ import uuid
 from datetime import timedelta
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from apps.occurrences.models import DispatchOutbox, Occurrence
+from apps.occurrences.models import Attempt, DispatchOutbox, Occurrence
 from apps.occurrences.observability import dashboard as dash
-from apps.occurrences.tests.support.rows import dead_occurrence, occurrence, schedule, state_of
+from apps.occurrences.tests.support.rows import (
+    attempt_started,
+    dead_occurrence,
+    occurrence,
+    schedule,
+    state_of,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -77,6 +85,80 @@ def test_empty_dashboard_explains_itself(client, alice):
 
     assert "No occurrence in the last day yet" in page
     assert "no lag to chart yet" in page
+    assert "no start lag to chart yet" in page
+
+
+def _started(tenant, *, at, lag_s, lane="strict", available_after_s=0):
+    """An occurrence due at `at` (flexible: available `available_after_s` later) whose
+    attempt 1 started `lag_s` after that."""
+    occ = occurrence(schedule(tenant), at, state="SUCCEEDED")
+    due = at + timedelta(seconds=available_after_s)
+    Occurrence.objects.filter(id=occ.id).update(lane=lane, available_at=due)
+    attempt_started(occ, due + timedelta(seconds=lag_s))
+    return occ
+
+
+def test_start_lag_percentiles_are_per_lane_tenant_scoped_and_count_first_attempts(
+    client, alice, tenant_a, tenant_b
+):
+    now = timezone.now().replace(second=0, microsecond=0)
+    at = now - timedelta(minutes=now.minute % 5 + 10)
+    for lag in range(1, 101):
+        occ = _started(tenant_a, at=at + timedelta(seconds=lag), lag_s=lag / 10)
+        if lag == 100:  # a retry an hour later changes nothing: the first attempt counts
+            attempt_started(occ, occ.scheduled_for + timedelta(hours=1), attempt_no=2)
+    _started(tenant_a, at=at, lag_s=2, lane="flexible", available_after_s=60)
+    _started(tenant_b, at=at, lag_s=500)
+    client.force_login(alice)
+
+    response = client.get("/")
+
+    by_lane = {p.lane: p for p in response.context["start_lag_points"]}
+    assert set(by_lane) == {"strict", "flexible"}
+    assert by_lane["strict"].count == 100
+    assert by_lane["strict"].p50 == pytest.approx(5.05)
+    assert by_lane["strict"].p99 == pytest.approx(9.901)
+    assert (by_lane["flexible"].count, by_lane["flexible"].p99) == (1, 2.0)  # not 62
+    page = response.content.decode()
+    assert 'id="start-lag-strict"' in page and "start-lag-data" in page
+
+
+def test_occurrence_pages_show_the_start_lag_of_the_first_attempt(client, alice, tenant_a):
+    at = (timezone.now() - timedelta(minutes=3)).replace(microsecond=0)
+    started = _started(tenant_a, at=at, lag_s=2.5)
+    attempt_started(started, at + timedelta(minutes=2), attempt_no=2)
+    flexible = _started(
+        tenant_a, at=at - timedelta(minutes=1), lag_s=0.75, lane="flexible", available_after_s=30
+    )
+    waiting = occurrence(schedule(tenant_a), at - timedelta(minutes=2))
+    client.force_login(alice)
+
+    listed = client.get("/occurrences/")
+    detail = client.get(f"/occurrences/{started.id}/").content.decode()
+
+    start_lags = {r["occ"].id: r["start_lag"] for r in listed.context["occurrences"]}
+    assert start_lags == {started.id: 2.5, flexible.id: 0.75, waiting.id: None}
+    page = listed.content.decode()
+    assert '<th title="first attempt started − due">Start lag (s)</th>' in page
+    assert "<td>2.5</td>" in page and "<td>0.75</td>" in page
+    assert "2.5 s" in detail and "first attempt started − scheduled" in detail
+
+
+def test_the_start_lag_column_costs_no_query_per_row(client, alice, tenant_a):
+    at = (timezone.now() - timedelta(minutes=30)).replace(microsecond=0)
+    _started(tenant_a, at=at, lag_s=1)
+    client.force_login(alice)
+    with CaptureQueriesContext(connection) as one_row:
+        client.get("/occurrences/")
+    for i in range(1, 20):
+        _started(tenant_a, at=at + timedelta(seconds=i), lag_s=1)
+
+    with CaptureQueriesContext(connection) as twenty_rows:
+        rows = client.get("/occurrences/").context["occurrences"]
+
+    assert [r["start_lag"] for r in rows] == [1.0] * 20
+    assert len(twenty_rows) == len(one_row)
+    assert Attempt.objects.count() == 20
 
 
 def test_occurrence_list_is_tenant_scoped_and_filters_by_state(client, alice, tenant_a, tenant_b):

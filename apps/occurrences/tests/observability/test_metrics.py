@@ -1,5 +1,6 @@
 """Metrics move with the system: a burst moves the lag histogram and the backlog
-gauges, a fenced-off completion is counted, the stuck-state scan sees what is stuck."""
+gauges, a claim observes its start lag, a fenced-off completion is counted, the stuck-state
+scan sees what is stuck."""
 
 from __future__ import annotations
 
@@ -13,16 +14,17 @@ from django.utils import timezone
 from prometheus_client import REGISTRY
 
 from apps.occurrences.audit.stuck import bounded_tenant_counts, stuck_scan
-from apps.occurrences.execution.claim import occurrence_claim
+from apps.occurrences.execution.claim import ClaimStatus, occurrence_claim
 from apps.occurrences.execution.complete import attempt_complete
 from apps.occurrences.execution.reaper import attempts_reap
-from apps.occurrences.models import DispatchOutbox, Occurrence, ShardLease
+from apps.occurrences.models import DispatchOutbox, Lane, Occurrence, ShardLease
 from apps.occurrences.observability.metrics import measure_clock_skew
 from apps.occurrences.pipeline.broker import Publisher
 from apps.occurrences.pipeline.leases import LeaseSet
 from apps.occurrences.pipeline.materializer import materialize_pass
 from apps.occurrences.pipeline.relay import relay_step
 from apps.occurrences.tests.support.pipeline import leases, materialize_config, relay_config
+from apps.occurrences.tests.support.rows import occurrence, schedule, state_of
 from apps.schedules.models import Schedule
 from apps.schedules.tests.factories import make_schedule
 from apps.tenants.models import Tenant
@@ -106,6 +108,67 @@ def _claimed(tenant: Tenant) -> tuple[Occurrence, Any]:
     occ = Occurrence.objects.get()
     claim = occurrence_claim(occurrence_id=occ.id, scheduled_for=occ.scheduled_for, worker_id="w")
     return occ, claim
+
+
+def _start_lags(lane: str) -> tuple[float, float, float]:
+    """count, sum and the <= 3 s bucket of tick_start_lag_seconds{lane}."""
+    name = "tick_start_lag_seconds"
+    return (
+        _value(f"{name}_count", lane=lane),
+        _value(f"{name}_sum", lane=lane),
+        _value(f"{name}_bucket", lane=lane, le="3.0"),
+    )
+
+
+def test_a_claim_observes_the_start_lag_of_a_first_attempt_per_lane(tenant_a: Tenant) -> None:
+    # given: a strict and a flexible occurrence of one instant; the flexible one became
+    # available (its own due instant) a minute later
+    at = (timezone.now() - timedelta(minutes=5)).replace(microsecond=0)
+    strict = occurrence(schedule(tenant_a), at)
+    flexible = occurrence(schedule(tenant_a), at)
+    Occurrence.objects.filter(id=flexible.id).update(
+        lane=Lane.FLEXIBLE, available_at=at + timedelta(seconds=60)
+    )
+    strict_before, flexible_before = _start_lags(Lane.STRICT), _start_lags(Lane.FLEXIBLE)
+
+    # when: a worker opens the strict one's attempt 3.25 s after its instant, the flexible
+    # one's 0.5 s after it became available
+    late = occurrence_claim(occurrence_id=strict.id, scheduled_for=at, worker_id="w",
+                            now=at + timedelta(seconds=3.25))  # fmt: skip
+    prompt = occurrence_claim(occurrence_id=flexible.id, scheduled_for=at, worker_id="w",
+                              now=at + timedelta(seconds=60.5))  # fmt: skip
+
+    # then: one observation per lane, of exactly that lag
+    assert (late.status, prompt.status) == (ClaimStatus.CLAIMED, ClaimStatus.CLAIMED)
+    count, total, within_3s = _start_lags(Lane.STRICT)
+    assert count == strict_before[0] + 1
+    assert total == pytest.approx(strict_before[1] + 3.25)
+    assert within_3s == strict_before[2]  # 3.25 s: past the 3 s bucket
+    count, total, within_3s = _start_lags(Lane.FLEXIBLE)
+    assert count == flexible_before[0] + 1
+    assert total == pytest.approx(flexible_before[1] + 0.5)
+    assert within_3s == flexible_before[2] + 1
+
+
+def test_a_retry_attempt_is_not_a_start_lag_observation(tenant_a: Tenant) -> None:
+    # given: attempt 1 opened, its worker lost, the reaper took it back
+    at = (timezone.now() - timedelta(minutes=5)).replace(microsecond=0)
+    occ = occurrence(schedule(tenant_a), at)
+    occurrence_claim(occurrence_id=occ.id, scheduled_for=at, worker_id="w",
+                     now=at + timedelta(seconds=1))  # fmt: skip
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE occurrences_attempt SET lease_expires_at = now() - interval '1 h'")
+    assert attempts_reap(now=timezone.now(), grace_s=10).expired == 1
+    assert state_of(occ) == Occurrence.State.RETRY_WAIT
+    before = _start_lags(Lane.STRICT)
+
+    # when: the retry opens attempt 2, minutes after the instant
+    retry = occurrence_claim(occurrence_id=occ.id, scheduled_for=at, worker_id="w")
+
+    # then: it started late by design and is not counted as a late start
+    assert retry.status == ClaimStatus.CLAIMED and retry.context is not None
+    assert retry.context.attempt_no == 2
+    assert _start_lags(Lane.STRICT) == before
 
 
 def test_a_fenced_off_completion_increments_its_counter(tenant_a: Tenant) -> None:

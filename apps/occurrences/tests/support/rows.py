@@ -62,3 +62,19 @@ def dead_occurrence(tenant: Tenant, minutes_ago: int = 1, error: str = "HTTP 503
         error_class="PermanentError", error_message=error,
     )  # fmt: skip
     return occ
+
+
+def attempt_started(
+    occ: Occurrence,
+    started_at: datetime,
+    *,
+    attempt_no: int = 1,
+    outcome: str = Attempt.Outcome.SUCCEEDED,
+) -> Attempt:
+    """Attempt `attempt_no` of `occ`, opened at `started_at` and finished with `outcome`."""
+    Occurrence.objects.filter(id=occ.id).update(attempt_count=attempt_no)
+    return Attempt.objects.create(
+        scheduled_for=occ.scheduled_for, occurrence_id=occ.id, tenant_id=occ.tenant_id,
+        attempt_no=attempt_no, lease_token=uuid.uuid4(), lease_expires_at=started_at,
+        worker_id="w", started_at=started_at, finished_at=started_at, outcome=outcome,
+    )  # fmt: skip
