@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from rest_framework.test import APIClient
 
+from apps.occurrences.execution import presence
 from apps.occurrences.pipeline import partitions
 from apps.tenants.models import Membership, Tenant
 from apps.tenants.services import api_key_create, membership_grant, tenant_create
@@ -21,6 +22,17 @@ def _forget_partitions() -> Iterator[None]:
     partitions.partitions_forget()
     yield
     partitions.partitions_forget()
+
+
+@pytest.fixture(autouse=True)
+def _forget_presence_caches() -> Iterator[None]:
+    # Workers' presence and tenants' activity rows come and go with each test; the
+    # per-process caches must not carry one test's capacity or contention into the next.
+    presence.capacity_forget()
+    presence.contention_forget()
+    yield
+    presence.capacity_forget()
+    presence.contention_forget()
 
 
 @pytest.fixture

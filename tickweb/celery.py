@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING, Any
 
 from celery import Celery, signals
+
+if TYPE_CHECKING:
+    from apps.occurrences.execution.presence import PresenceBeat
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tickweb.settings")
 
@@ -86,6 +90,35 @@ def _serve_worker_metrics(sender: object = None, **_: object) -> None:
     serve_process(port, _worker_health, registry=registry)
 
 
+# --- presence ---------------------------------------------------------------------------
+# The main process announces the worker's slots (the pool's concurrency) while it runs, so
+# claims can bound each tenant by its share of the live capacity
+# (apps/occurrences/execution/presence.py); a clean shutdown withdraws them at once.
+@signals.worker_ready.connect
+def _announce_worker_presence(sender: Any = None, **_: object) -> None:
+    global _worker_presence
+    if _worker_presence is not None and _worker_presence.is_alive():
+        return
+    from django.conf import settings
+
+    from apps.occurrences.execution.presence import PresenceBeat
+
+    # The pool's limit: --concurrency for prefork and threads, 1 for solo.
+    slots = int(getattr(getattr(sender, "pool", None), "limit", 0) or 1)
+    _worker_presence = PresenceBeat(
+        hostname=str(getattr(sender, "hostname", "") or "worker"),
+        slots=slots,
+        interval_s=settings.TICK_WORKER_PRESENCE_INTERVAL_S,
+    )
+    _worker_presence.start()
+
+
+@signals.worker_shutdown.connect
+def _withdraw_worker_presence(**_: object) -> None:
+    if _worker_presence is not None:
+        _worker_presence.stop()
+
+
 @signals.worker_process_shutdown.connect
 def _mark_child_dead(pid: int | None = None, **_: object) -> None:
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
@@ -95,3 +128,4 @@ def _mark_child_dead(pid: int | None = None, **_: object) -> None:
 
 
 _worker_health: object = None
+_worker_presence: PresenceBeat | None = None

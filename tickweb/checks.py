@@ -15,6 +15,8 @@ from django.conf import settings
 from django.core import checks
 from django.core.checks import CheckMessage
 
+from apps.occurrences.execution.demo_handlers import DEMO_HANDLERS
+
 # Counts and batch sizes: zero or less stalls a loop or breaks its slicing (a zero envelope
 # size cannot chunk a burst; a zero fire cap leaves a schedule with no next instant).
 AT_LEAST_ONE = (
@@ -40,6 +42,9 @@ POSITIVE = (
     "TICK_OVERLAP_RECHECK_S",
     "TICK_OVERLAP_LOOKBACK_S",
     "TICK_WORKER_OUTAGE_RETRY_S",
+    "TICK_WORKER_PRESENCE_INTERVAL_S",
+    "TICK_WORKER_PRESENCE_TTL_S",
+    "TICK_FAIR_SHARE_WINDOW_S",
     "TICK_WEBHOOK_CONNECT_TIMEOUT_S",
     "TICK_WEBHOOK_READ_TIMEOUT_S",
     "TICK_AUDIT_ENQUEUED_BOUND_S",
@@ -47,10 +52,13 @@ POSITIVE = (
     "TICK_AUDIT_RUNNING_BOUND_S",
     "TICK_AUDIT_MATERIALIZE_LAG_S",
 )
-# May be zero (no look-ahead, no delay, no MISSED rows, no partitions ahead), never negative.
+# May be zero (no look-ahead, no delay, no grace before a handler's hard stop, no MISSED
+# rows, no partitions ahead), never negative.
 NOT_NEGATIVE = (
     "TICK_RELAY_LOOKAHEAD_MS",
     "TICK_QUOTA_DELAY_S",
+    "TICK_HANDLER_TIMEOUT_GRACE_S",
+    "TICK_WORKER_SLOTS",
     "TICK_MISSED_RECORD_LIMIT",
     "TICK_PARTITION_DAYS_AHEAD",
     "TICK_METRICS_TOP_TENANTS",
@@ -147,6 +155,35 @@ def check_pipeline_windows(app_configs: Apps = None, **kwargs: Any) -> list[Chec
 
 
 @checks.register()
+def check_fair_share(app_configs: Apps = None, **kwargs: Any) -> list[CheckMessage]:
+    """The tenant share of worker slots and the worker presence it is counted over."""
+    errors: list[CheckMessage] = []
+    share = settings.TICK_TENANT_SLOT_SHARE
+    if not 0 < share <= 1:
+        errors.append(
+            checks.Error(
+                f"TICK_TENANT_SLOT_SHARE is {share}; it must be greater than 0 and at most 1 "
+                "(a fraction of the live worker slots one tenant may hold).",
+                hint="Set TICK_TENANT_SLOT_SHARE to e.g. 0.5; 1 lets one tenant take every slot.",
+                id="tick.E011",
+            )
+        )
+    interval_s = settings.TICK_WORKER_PRESENCE_INTERVAL_S
+    ttl_s = settings.TICK_WORKER_PRESENCE_TTL_S
+    if interval_s >= ttl_s:
+        errors.append(
+            checks.Error(
+                f"TICK_WORKER_PRESENCE_INTERVAL_S ({interval_s} s) is not below "
+                f"TICK_WORKER_PRESENCE_TTL_S ({ttl_s} s): live workers would drop out of the "
+                "capacity between their beats, and tenants' shares would shrink or vanish.",
+                hint="Keep the TTL at two or three beat intervals or more.",
+                id="tick.E012",
+            )
+        )
+    return errors
+
+
+@checks.register()
 def check_audit_bounds(app_configs: Apps = None, **kwargs: Any) -> list[CheckMessage]:
     """The reconcile audit's ENQUEUED bound counts a retry's backoff (docs/decisions.md)."""
     if settings.TICK_AUDIT_ENQUEUED_BOUND_S > settings.TICK_RETRY_CAP_S:
@@ -158,5 +195,40 @@ def check_audit_bounds(app_configs: Apps = None, **kwargs: Any) -> list[CheckMes
             "would report retries still waiting out their backoff as stuck.",
             hint="Raise TICK_AUDIT_ENQUEUED_BOUND_S above the retry cap plus a queue wait.",
             id="tick.W001",
+        )
+    ]
+
+
+@checks.register()
+def check_extra_handlers(app_configs: Apps = None, **kwargs: Any) -> list[CheckMessage]:
+    """TICK_EXTRA_HANDLERS may name demo handlers only."""
+    unknown = [name for name in settings.TICK_EXTRA_HANDLERS if name not in DEMO_HANDLERS]
+    if not unknown:
+        return []
+    return [
+        checks.Error(
+            f"TICK_EXTRA_HANDLERS names {', '.join(map(repr, unknown))}, which is no demo "
+            "handler: it would not be offered, and schedules naming it would be refused.",
+            hint=f"Name only demo handlers ({', '.join(sorted(DEMO_HANDLERS))}), or none.",
+            id="tick.E009",
+        )
+    ]
+
+
+# Only under `check --deploy` (the production checklist): the test runner forces DEBUG off, so
+# DEBUG cannot tell a debug run from production here.
+@checks.register(checks.Tags.security, deploy=True)
+def check_demo_handlers_off(app_configs: Apps = None, **kwargs: Any) -> list[CheckMessage]:
+    """A production deployment offers no demo handler."""
+    enabled = [name for name in settings.TICK_EXTRA_HANDLERS if name in DEMO_HANDLERS]
+    if not enabled:
+        return []
+    return [
+        checks.Warning(
+            f"TICK_EXTRA_HANDLERS offers {', '.join(map(repr, enabled))}: any tenant can make a "
+            "worker slot sleep or fail through its payload.",
+            hint="Leave TICK_EXTRA_HANDLERS unset (empty) in production; demo handlers are "
+            "for `make run` and tests.",
+            id="tick.W002",
         )
     ]

@@ -231,8 +231,26 @@ TICK_RETRY_CAP_S = env_int("TICK_RETRY_CAP_S", 600)
 TICK_RETRY_DEADLINE_S = env_int("TICK_RETRY_DEADLINE_S", 86_400)
 # Over-quota claims (Tenant.max_running) are re-queued this much later (plus jitter).
 TICK_QUOTA_DELAY_S = env_int("TICK_QUOTA_DELAY_S", 2)
+# Fair share of worker slots (apps/occurrences/execution/presence.py): while another tenant
+# contends, a tenant may hold at most max(1, floor(capacity x share)) running attempts, and is
+# delayed like an over-quota claim beyond that. 0.5: one tenant never holds more slots than
+# all the others together. Contending = another tenant started an attempt within the last
+# WINDOW seconds or has one running; a tenant alone may use every slot. 60: a tenant that
+# runs every minute counts all the time, so a flood is held to its share from its first claim.
+# Capacity = TICK_WORKER_SLOTS when set (> 0), else the slots of the live workers, which
+# announce themselves every INTERVAL and stop counting when unseen for TTL; with no live
+# worker (capacity unknown) only Tenant.max_running applies.
+TICK_TENANT_SLOT_SHARE = float(env_str("TICK_TENANT_SLOT_SHARE", "0.5"))
+TICK_FAIR_SHARE_WINDOW_S = env_int("TICK_FAIR_SHARE_WINDOW_S", 60)
+TICK_WORKER_SLOTS = env_int("TICK_WORKER_SLOTS", 0)
+TICK_WORKER_PRESENCE_INTERVAL_S = env_int("TICK_WORKER_PRESENCE_INTERVAL_S", 10)
+TICK_WORKER_PRESENCE_TTL_S = env_int("TICK_WORKER_PRESENCE_TTL_S", 30)
 # A worker retries a database outage this long (backoff) before handing the message back.
 TICK_WORKER_OUTAGE_RETRY_S = env_int("TICK_WORKER_OUTAGE_RETRY_S", 60)
+# Handler deadlines (apps/occurrences/execution/deadlines.py): at its run-time limit a handler
+# is told to stop; one still running this much later is reclaimed (attempt TIMED_OUT, the
+# prefork pool process replaced).
+TICK_HANDLER_TIMEOUT_GRACE_S = env_int("TICK_HANDLER_TIMEOUT_GRACE_S", 10)
 # QUEUE_ONE: a WAITING occurrence re-checks this often even if no completion wakes it.
 TICK_OVERLAP_RECHECK_S = env_int("TICK_OVERLAP_RECHECK_S", 30)
 # How far back overlap checks look for a RUNNING/WAITING occurrence of the schedule.
@@ -242,6 +260,15 @@ TICK_OVERLAP_LOOKBACK_S = env_int("TICK_OVERLAP_LOOKBACK_S", 2 * 86_400)
 TICK_WEBHOOK_CONNECT_TIMEOUT_S = float(env_str("TICK_WEBHOOK_CONNECT_TIMEOUT_S", "5"))
 TICK_WEBHOOK_READ_TIMEOUT_S = float(env_str("TICK_WEBHOOK_READ_TIMEOUT_S", "30"))
 TICK_WEBHOOK_ALLOWLIST = env_list("TICK_WEBHOOK_ALLOWLIST", [])
+# Demo handlers (apps/occurrences/execution/demo_handlers.py) offered beside `noop` and
+# `webhook`: `record` sleeps and fails as the tenant's payload asks, so only a debug run
+# (`make run`, `make test`) has it by default. Comma-separated; once set, even to "", it
+# replaces the default in either mode.
+TICK_EXTRA_HANDLERS = [
+    name.strip()
+    for name in env_str("TICK_EXTRA_HANDLERS", "record" if DEBUG else "").split(",")
+    if name.strip()
+]
 
 # Reaper backstop (`manage.py reap`): ENQUEUED this long after its last broker confirm with
 # no claim = the broker lost it; republished with the same id. Above the worst queue wait.

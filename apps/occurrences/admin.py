@@ -12,7 +12,13 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from apps.occurrences.execution.replay import occurrences_replay
-from apps.occurrences.models import Attempt, DispatchOutbox, Occurrence, ShardLease
+from apps.occurrences.models import (
+    Attempt,
+    DispatchOutbox,
+    Occurrence,
+    ShardLease,
+    WorkerPresence,
+)
 from apps.tenants.models import Tenant
 
 # Occurrence and Attempt have composite primary keys (id, scheduled_for), which Django 5.2's
@@ -35,6 +41,22 @@ class ShardLeaseAdmin(admin.ModelAdmin[ShardLease]):
     list_display = ["role", "shard", "owner", "generation", "lease_expires_at"]
     list_filter = ["role", "owner"]
     readonly_fields = ["role", "shard", "owner", "generation", "lease_expires_at"]
+
+
+@admin.register(WorkerPresence)
+class WorkerPresenceAdmin(admin.ModelAdmin[WorkerPresence]):
+    """Workers and their slots as they last announced them (execution/presence.py); a row
+    older than TICK_WORKER_PRESENCE_TTL_S no longer counts toward tenants' shares."""
+
+    list_display = ["hostname", "slots", "seen_at"]
+    ordering = ["-seen_at"]
+    readonly_fields = ["hostname", "slots", "seen_at"]
+
+    def has_add_permission(self, request: object) -> bool:
+        return False
+
+    def has_change_permission(self, request: object, obj: object = None) -> bool:
+        return False
 
 
 # --------------------------------------------------------------------------------------------

@@ -244,6 +244,19 @@ class WorkerPresence(models.Model):
         return f"{self.hostname}: {self.slots} slots, seen {self.seen_at.isoformat()}"
 
 
+class TenantActivity(models.Model):
+    """When a tenant last started an attempt (rewritten at most every few seconds): a tenant
+    seen here recently contends for worker slots, so the others are held to their share
+    (execution/presence.py). No FK: written on the claim path; a deleted tenant's row ages
+    out of every window by itself."""
+
+    tenant_id = models.UUIDField(primary_key=True)
+    last_started_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id}: last started {self.last_started_at.isoformat()}"
+
+
 class LeaseMember(models.Model):
     """A live materializer or relay process, refreshed with its leases: fair shares are
     counted over members, so a newcomer holding no shard yet still gets its share."""

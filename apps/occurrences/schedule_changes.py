@@ -44,7 +44,7 @@ from apps.schedules.services import (
     ScheduleSpec,
     apply_new_version,
     changed_definition_fields,
-    check_rule_frequency,
+    check_tenant_limits,
     lock_schedule,
     mark_active,
     mark_canceled,
@@ -253,7 +253,7 @@ def schedule_update(*, schedule: Schedule, spec: ScheduleSpec, actor: str) -> Li
             schedule_rename(schedule=locked, name=spec.name, actor=actor, now=now)
             return LifecycleResult(locked, Receipt(ScheduleEvent.Kind.UPDATED, now, locked.version))
 
-        check_rule_frequency(schedule=locked, spec=spec, changed=changed)
+        check_tenant_limits(schedule=locked, spec=spec, changed=changed)
         below = locked.version + 1
         invalidated = _recall(
             schedule=locked, below=below, keep_lanes=[], from_states=_PENDING,

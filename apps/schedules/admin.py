@@ -26,7 +26,7 @@ class ScheduleEventInline(admin.TabularInline[ScheduleEvent, Schedule]):
 @admin.register(Schedule)
 class ScheduleAdmin(admin.ModelAdmin[Schedule]):
     list_display = ["name", "tenant", "kind", "expression", "time_zone", "state", "version",
-                    "next_run_at", "shard", "occurrences_link"]  # fmt: skip
+                    "next_run_at", "timeout", "shard", "occurrences_link"]  # fmt: skip
     list_filter = ["state", "kind", "precision", "misfire_policy", "handler"]
     search_fields = ["name", "=id", "tenant__slug"]
     list_select_related = ["tenant"]
@@ -42,6 +42,10 @@ class ScheduleAdmin(admin.ModelAdmin[Schedule]):
 
     def has_delete_permission(self, request: object, obj: object = None) -> bool:
         return False  # cancel, never delete: history stays for audit
+
+    @admin.display(description="Timeout", ordering="timeout_s")
+    def timeout(self, obj: Schedule) -> str:
+        return f"{obj.timeout_s} s" if obj.timeout_s is not None else "handler default"
 
     @admin.display(description="Occurrences")
     def occurrences_link(self, obj: Schedule) -> str:

@@ -60,6 +60,7 @@ class ScheduleForm(forms.Form):
     end_at = forms.CharField(max_length=64, required=False)
     handler = forms.ChoiceField(choices=())
     payload = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 4}))
+    timeout_s = forms.IntegerField(min_value=1, required=False, label="Timeout (s)")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -102,6 +103,8 @@ class ScheduleForm(forms.Form):
                 body[name] = data[name]
         for name in ("start_at", "end_at"):
             body[name] = (data.get(name) or "").strip() or None
+        # Always sent: a blank field clears the limit back to the handler's default.
+        body["timeout_s"] = data.get("timeout_s")
         return body
 
 

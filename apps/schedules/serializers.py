@@ -20,6 +20,9 @@ from apps.schedules.services import ScheduleSpec
 SERVER_OWNED = {"id", "version", "state", "next_run_at", "tenant", "shard", "created_at",
                 "updated_at"}  # fmt: skip
 
+# The largest value a PositiveIntegerField column holds.
+POSITIVE_INT_MAX = 2_147_483_647
+
 KIND_IN = {"cron": Schedule.Kind.CRON, "one_shot": Schedule.Kind.ONE_SHOT}
 KIND_OUT = {v: k for k, v in KIND_IN.items()}
 
@@ -77,6 +80,24 @@ class ScheduleCreateSerializer(serializers.Serializer[Any]):
     end_at = serializers.DateTimeField(required=False, allow_null=True, default=None)
     handler = StrictCharField(max_length=100)
     payload = serializers.JSONField(required=False, default=dict)
+    # The tenant's `max_timeout_s` is checked by the service, under the tenant lock.
+    timeout_s = StrictIntegerField(
+        min_value=1,
+        max_value=POSITIVE_INT_MAX,
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text=(
+            "Run-time limit of one attempt, in seconds: at it the handler is asked to stop, "
+            "and the attempt ends TIMED_OUT and is retried. 1 to the tenant's max_timeout_s "
+            "(400 above it); null or absent = the handler's default."
+        ),
+        error_messages={
+            "min_value": "A run-time limit is at least 1 s; leave it null for the handler's "
+            "default.",
+            "max_value": "This is more than any tenant allows.",
+        },
+    )
 
     def to_internal_value(self, data: Any) -> Any:
         if isinstance(data, dict):
@@ -176,6 +197,7 @@ class ScheduleCreateSerializer(serializers.Serializer[Any]):
             overlap_policy=data["overlap_policy"].upper(),
             handler=data["handler"],
             payload=data["payload"],
+            timeout_s=data["timeout_s"],
         )
 
 
@@ -192,9 +214,14 @@ class ScheduleSerializer(serializers.ModelSerializer[Schedule]):
             "id", "name", "kind", "expression", "run_at", "time_zone", "dst_gap", "dst_fold",
             "start_at", "end_at", "precision", "flexible_window_s", "misfire_policy",
             "max_lateness_s", "catchup_limit", "overlap_policy", "handler", "payload",
-            "version", "state", "next_run_at", "created_at", "updated_at", "next_fires",
+            "timeout_s", "version", "state", "next_run_at", "created_at", "updated_at",
+            "next_fires",
         ]  # fmt: skip
         read_only_fields = fields
+        extra_kwargs = {
+            "timeout_s": {"help_text": "Run-time limit of one attempt, in seconds; null = the "
+                          "handler's default."},
+        }  # fmt: skip
 
     def get_kind(self, obj: Schedule) -> str:
         return KIND_OUT[Schedule.Kind(obj.kind)]
@@ -231,7 +258,7 @@ class SchedulePreviewDraftSerializer(ScheduleCreateSerializer):
     """A draft's timing fields, validated exactly as on create; name and handler optional."""
 
     name = StrictCharField(max_length=200, required=False, default="draft")
-    handler = StrictCharField(max_length=100, required=False, default="record")
+    handler = StrictCharField(max_length=100, required=False, default="noop")
     count = StrictIntegerField(min_value=1, max_value=100, default=10)
 
 
@@ -269,6 +296,7 @@ def schedule_as_input(schedule: Schedule) -> dict[str, Any]:
         "end_at": iso(schedule.end_at),
         "handler": schedule.handler,
         "payload": schedule.payload,
+        "timeout_s": schedule.timeout_s,
     }
 
 

@@ -18,7 +18,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from apps.schedules import timerules
-from apps.schedules.errors import QuotaExceeded, RuleTooFrequent
+from apps.schedules.errors import LifecycleError, QuotaExceeded, RuleTooFrequent
 from apps.schedules.models import Schedule, ScheduleEvent, ScheduleVersion, shard_for
 from apps.tenants.models import Tenant
 
@@ -47,6 +47,7 @@ DEFINITION_FIELDS = (
     "overlap_policy",
     "handler",
     "payload",
+    "timeout_s",
 )
 
 
@@ -71,6 +72,9 @@ class ScheduleSpec:
     catchup_limit: int = 0
     overlap_policy: str = Schedule.OverlapPolicy.ALLOW
     payload: Any = None
+    # Run-time limit of one attempt; None = the handler's default. At most the tenant's
+    # `max_timeout_s` (checked here, under the tenant lock, like the rule frequency).
+    timeout_s: int | None = None
 
 
 # The fields that decide *when* a schedule fires, read alike from a saved schedule and from a
@@ -153,6 +157,15 @@ def _check_rule_interval(*, tenant: Tenant, kind: str, expression: str) -> None:
         )
 
 
+def _check_timeout(*, tenant: Tenant, timeout_s: int | None) -> None:
+    if timeout_s is not None and timeout_s > tenant.max_timeout_s:
+        raise LifecycleError(
+            f"timeout_s is {timeout_s} s; this tenant allows at most {tenant.max_timeout_s} s "
+            "per attempt. Leave it out for the handler's default.",
+            field="timeout_s",
+        )
+
+
 def _lock_tenant_with_capacity(*, tenant: Tenant) -> Tenant:
     """Lock the tenant row and check the active-schedule quota.
 
@@ -179,6 +192,7 @@ def schedule_create(*, tenant: Tenant, spec: ScheduleSpec, actor: str) -> Schedu
     """
     tenant = _lock_tenant_with_capacity(tenant=tenant)
     _check_rule_interval(tenant=tenant, kind=spec.kind, expression=spec.expression)
+    _check_timeout(tenant=tenant, timeout_s=spec.timeout_s)
     now = timezone.now()
     schedule_id = uuid.uuid4()
     next_run_at = first_run_at(timing=spec, now=now)
@@ -202,6 +216,7 @@ def schedule_create(*, tenant: Tenant, spec: ScheduleSpec, actor: str) -> Schedu
         overlap_policy=spec.overlap_policy,
         handler=spec.handler,
         payload=spec.payload if spec.payload is not None else {},
+        timeout_s=spec.timeout_s,
         version=1,
         state=Schedule.State.ACTIVE if next_run_at is not None else Schedule.State.COMPLETED,
         next_run_at=next_run_at,
@@ -282,14 +297,18 @@ def schedule_rename(*, schedule: Schedule, name: str, actor: str, now: datetime)
     log_event(schedule, ScheduleEvent.Kind.UPDATED, actor, now, name=[old_name, name])
 
 
-def check_rule_frequency(*, schedule: Schedule, spec: ScheduleSpec, changed: list[str]) -> None:
-    """Refuse a changed rule that fires closer together than the tenant allows."""
-    if {"kind", "expression"} & set(changed):
-        _check_rule_interval(
-            tenant=Tenant.objects.get(pk=schedule.tenant_id),
-            kind=spec.kind,
-            expression=spec.expression,
-        )
+def check_tenant_limits(*, schedule: Schedule, spec: ScheduleSpec, changed: list[str]) -> None:
+    """Refuse a changed rule that fires closer together than the tenant allows, or a changed
+    run-time limit above the tenant's maximum (an unchanged one stays, even if the maximum
+    was lowered since: the worker caps it)."""
+    checks_rule = bool({"kind", "expression"} & set(changed))
+    if not checks_rule and "timeout_s" not in changed:
+        return
+    tenant = Tenant.objects.get(pk=schedule.tenant_id)
+    if checks_rule:
+        _check_rule_interval(tenant=tenant, kind=spec.kind, expression=spec.expression)
+    if "timeout_s" in changed:
+        _check_timeout(tenant=tenant, timeout_s=spec.timeout_s)
 
 
 def next_run_for_new_version(

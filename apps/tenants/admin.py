@@ -13,7 +13,7 @@ from apps.tenants.models import ApiKey, Membership, Tenant
 @admin.register(Tenant)
 class TenantAdmin(admin.ModelAdmin[Tenant]):
     list_display = ["slug", "name", "max_active_schedules", "trigger_rate_per_s", "max_running",
-                    "created_at"]  # fmt: skip
+                    "max_timeout_s", "created_at"]  # fmt: skip
     search_fields = ["slug", "name"]
     # Quotas are editable here; usage is read-only, counted for the one tenant shown.
     readonly_fields = ["schedules_in_quota", "running_now", "active_api_keys"]
@@ -21,7 +21,7 @@ class TenantAdmin(admin.ModelAdmin[Tenant]):
         (None, {"fields": ["slug", "name"]}),
         ("Quotas", {"fields": ["max_active_schedules", "trigger_rate_per_s", "max_running",
                                "catchup_rate_per_s", "min_interval_s", "api_rate_per_min",
-                               "retry_budget_per_hour"]}),
+                               "retry_budget_per_hour", "max_timeout_s"]}),
         ("Usage", {"fields": ["schedules_in_quota", "running_now", "active_api_keys"]}),
     ]  # fmt: skip
 

@@ -5,18 +5,25 @@ reaper; one transaction, locks in the order of locks.py (row → schedule → te
 a. Lock the occurrence row (FOR UPDATE); re-check its state, the schedule's current version
    (else SUPERSEDED) and cancellation (else CANCELED). A second delivery blocks on the row
    lock, then sees RUNNING or a final state and is dropped as a DUPLICATE (counted; the task
-   acks, the handler never runs).
+   acks, the handler never runs). So is a copy that finds the occurrence RETRY_WAIT after a
+   TIMED_OUT attempt, its retry not yet due: the message of the attempt reclaimed at its
+   deadline, handed back by the broker when its pool process was replaced (deadlines.py).
 b. Overlap (SKIP_IF_RUNNING, QUEUE_ONE): take the SCHEDULE advisory lock and look for another
    RUNNING / WAITING occurrence of the schedule. Every claim and every QUEUE_ONE completion of
    that schedule (complete.py) holds the same lock, so "check and transition" is atomic:
    SKIPPED_OVERLAP, WAITING (parked, with a re-check outbox row) or, for an occurrence that
    already had attempts, a delay through the outbox — never two RUNNING.
 c. Quota: take the TENANT advisory lock and count the tenant's open attempts; at
-   `Tenant.max_running` the occurrence is re-queued through the outbox (retry lane, short
-   jittered delay), state unchanged: delayed, never failed.
-d. Insert the Attempt (fresh `lease_token`, `lease_expires_at`), occurrence → RUNNING. The
+   `Tenant.max_running`, or at the tenant's share of the live worker slots while another
+   tenant contends for slots (started an attempt within TICK_FAIR_SHARE_WINDOW_S or has one
+   open: presence.py — a tenant alone may use every slot), the occurrence is re-queued
+   through the outbox (retry lane, short jittered delay), state unchanged: delayed, never
+   failed, and the worker slot is free again at once.
+d. Insert the Attempt (fresh `lease_token`, `lease_expires_at`), occurrence → RUNNING, and
+   mark the tenant active (presence.py; still under the tenant lock). The
    transaction commits before the handler runs: from here on the lease is the only claim
-   (heartbeat.py renews it, complete.py checks it, reaper.py takes it back).
+   (heartbeat.py renews it, complete.py checks it, reaper.py takes it back). The handler's
+   context carries the attempt's run-time limit (deadlines.py).
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from django.db import connection, transaction
 from django.db.backends.utils import CursorWrapper
 from django.utils import timezone
 
+from apps.occurrences.execution.deadlines import effective_timeout_s
 from apps.occurrences.execution.handlers import HandlerContext
 from apps.occurrences.execution.locks import (
     SCHEDULE_LOCK,
@@ -40,8 +48,14 @@ from apps.occurrences.execution.locks import (
     advisory_lock,
     overlap_lookback,
 )
+from apps.occurrences.execution.presence import (
+    others_contend,
+    tenant_activity_mark,
+    tenant_slot_limit,
+)
+from apps.occurrences.execution.registry import handler_spec
 from apps.occurrences.execution.requeue import OutboxTarget, requeue_through_outbox
-from apps.occurrences.models import Occurrence
+from apps.occurrences.models import Attempt, Occurrence
 from apps.occurrences.observability import metrics
 from apps.schedules.models import Schedule
 
@@ -53,6 +67,9 @@ CLAIMABLE = (
 )
 
 _rng = random.SystemRandom()
+# A retry row counts as due this much before its instant: the relay publishes it by its own
+# clock, which may run a little ahead of this worker's.
+_RELAY_CLOCK_SLACK = timedelta(seconds=1)
 
 
 class ClaimStatus(StrEnum):
@@ -84,7 +101,8 @@ _LOCK_ROW = """
     SELECT o.state, o.schedule_version, o.attempt_count, o.tenant_id,
            o.attempt_base, o.deadline_at, o.cancel_requested_at IS NOT NULL,
            s.id, s.version, s.state, s.handler, s.payload::text, s.shard,
-           s.overlap_policy, t.max_running, t.retry_budget_per_hour, o.enqueued_at
+           s.overlap_policy, t.max_running, t.retry_budget_per_hour, o.enqueued_at,
+           s.timeout_s, t.max_timeout_s
     FROM occurrences_occurrence o
     JOIN schedules_schedule s ON s.id = o.schedule_id
     JOIN tenants_tenant t ON t.id = o.tenant_id
@@ -117,6 +135,8 @@ class _ClaimRow:
     max_running: int
     retry_budget_per_hour: int
     enqueued_at: datetime | None
+    timeout_s: int | None
+    max_timeout_s: int
 
     @property
     def target(self) -> OutboxTarget:
@@ -152,6 +172,7 @@ def occurrence_claim(
         scheduled_for=scheduled_for,
         attempt_no=attempt_no,
         payload=json.loads(row.payload),
+        timeout_s=_timeout_of(row),
     )
     return Claim(
         ClaimStatus.CLAIMED,
@@ -170,7 +191,7 @@ def occurrence_claim(
 def _currency_verdict(cursor: CursorWrapper, row: _ClaimRow, now: datetime) -> ClaimStatus | None:
     """Step a: a finished or running occurrence is a duplicate delivery; a canceled one, or
     one of an older schedule version, ends here. None = still current."""
-    if row.state not in CLAIMABLE:
+    if row.state not in CLAIMABLE or _timed_out_retry_pending(cursor, row, now):
         metrics.duplicate_claims.inc()
         return ClaimStatus.DUPLICATE
     canceled = row.schedule_state == Schedule.State.CANCELED or row.cancel_requested
@@ -179,6 +200,44 @@ def _currency_verdict(cursor: CursorWrapper, row: _ClaimRow, now: datetime) -> C
         _finish(cursor, row, final, now)
         return ClaimStatus.CANCELED if canceled else ClaimStatus.SUPERSEDED
     return None
+
+
+def _timed_out_retry_pending(cursor: CursorWrapper, row: _ClaimRow, now: datetime) -> bool:
+    """A RETRY_WAIT occurrence whose last attempt TIMED_OUT and whose retry is not due yet:
+    this delivery is that attempt's own message, handed back by the broker when its pool
+    process was replaced (deadlines.py); running it would start the retry before its backoff
+    and beside the retry's own message."""
+    if row.state != Occurrence.State.RETRY_WAIT:
+        return False
+    # The schedule's shard narrows the outbox probe through outbox_due_idx.
+    cursor.execute(
+        """
+        SELECT min(x.available_at) FROM occurrences_dispatchoutbox x
+        WHERE x.shard = %(shard)s AND x.parked_at IS NULL
+          AND x.occurrence_id = %(id)s AND x.scheduled_for = %(at)s
+          AND EXISTS (
+              SELECT 1 FROM occurrences_attempt a
+              WHERE a.occurrence_id = %(id)s AND a.scheduled_for = %(at)s
+                AND a.attempt_no = %(attempt_no)s AND a.outcome = %(timed_out)s
+          )
+        """,
+        {"shard": row.shard, "id": row.occurrence_id, "at": row.scheduled_for,
+         "attempt_no": row.attempt_count, "timed_out": Attempt.Outcome.TIMED_OUT},
+    )  # fmt: skip
+    found = cursor.fetchone()
+    earliest = found[0] if found else None
+    return earliest is not None and earliest > now + _RELAY_CLOCK_SLACK
+
+
+def _timeout_of(row: _ClaimRow) -> int:
+    """The attempt's run-time limit: the schedule's, else its handler's default, capped by
+    the tenant's maximum (deadlines.py)."""
+    spec = handler_spec(row.handler)
+    return effective_timeout_s(
+        requested_s=row.timeout_s,
+        handler_default_s=spec.default_timeout_s if spec else row.max_timeout_s,
+        tenant_max_s=row.max_timeout_s,
+    )
 
 
 def _finish(cursor: CursorWrapper, row: _ClaimRow, state: Occurrence.State, now: datetime) -> None:
@@ -254,18 +313,27 @@ def _recheck_later(
 
 
 def _quota_verdict(cursor: CursorWrapper, row: _ClaimRow, now: datetime) -> ClaimStatus | None:
-    """Step c, under the tenant lock: at the tenant's run limit, delay; None = run."""
+    """Step c, under the tenant lock: at the tenant's run limit (`max_running`, or its share
+    of the live worker slots while another tenant contends), delay; None = run."""
+    share = tenant_slot_limit()  # cached per process: read before the lock, not under it
     advisory_lock(cursor, TENANT_LOCK, row.tenant_id)
     cursor.execute(
         "SELECT count(*) FROM occurrences_attempt WHERE tenant_id = %s AND finished_at IS NULL",
         [row.tenant_id],
     )
-    running = cursor.fetchone()
-    if running is None or running[0] < row.max_running:
+    found = cursor.fetchone()
+    running = int(found[0]) if found else 0
+    if running >= row.max_running:
+        delayed = metrics.quota_delays
+    # Asked only at the share (a claim under it, the common case, skips the read); cached
+    # per process, so under the lock it costs a query at most once a second.
+    elif share is not None and running >= share and others_contend(row.tenant_id):
+        delayed = metrics.fair_share_delays
+    else:
         return None
     delay = settings.TICK_QUOTA_DELAY_S * (1 + _rng.random())
     requeue_through_outbox(cursor, row.target, available_at=now + timedelta(seconds=delay), now=now)
-    metrics.quota_delays.inc()
+    delayed.inc()
     return ClaimStatus.DELAYED
 
 
@@ -294,7 +362,13 @@ def _open_attempt(
     )  # fmt: skip
     cursor.execute(
         "UPDATE occurrences_occurrence SET state = %s, attempt_count = %s "
-        "WHERE id = %s AND scheduled_for = %s",
+        "WHERE id = %s AND scheduled_for = %s RETURNING lane, available_at",
         [Occurrence.State.RUNNING, attempt_no, row.occurrence_id, row.scheduled_for],
     )
+    lane, available_at = cursor.fetchone()
+    tenant_activity_mark(cursor, row.tenant_id)
+    if attempt_no == 1:  # a retry starts late by design (docs/operations.md "Metrics")
+        metrics.observe_start_lag(
+            lane, scheduled_for=row.scheduled_for, available_at=available_at, started_at=now
+        )
     return attempt_no, attempt_id, lease_token

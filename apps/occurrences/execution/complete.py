@@ -6,10 +6,11 @@ row → occurrence → SCHEDULE advisory lock (a claim, too, holds the occurrenc
 schedule lock, and touches no existing attempt or budget row, so no cycle):
 a. Lock the attempt row only if it still holds the lease (same token, unfinished) — else the
    result is stale (the reaper or a newer attempt took over): ignored and counted.
-b. Decide: SUCCEEDED; CANCELED; DEAD (permanent error, or a transient one past max attempts,
+b. Decide: SUCCEEDED; CANCELED; TIMED_OUT attempts (past the run-time limit, deadlines.py)
+   count as transient failures; DEAD (permanent error, or a transient one past max attempts,
    the occurrence deadline or the tenant's hourly retry budget — a conditional upsert, so
    concurrent completions never overspend); RETRY_WAIT with a full-jitter retry row in the
-   outbox.
+   outbox, no earlier than the wait the target asked for (`requested_retry_at`).
 c. The occurrence update is conditional on (RUNNING, same attempt_count); a miss rolls the
    whole completion back as stale.
 d. A QUEUE_ONE completion then takes the SCHEDULE advisory lock — the one every claim of the
@@ -30,7 +31,13 @@ from django.db.backends.utils import CursorWrapper
 from django.utils import timezone
 
 from apps.occurrences.execution.claim import Claim
-from apps.occurrences.execution.handlers import Canceled, ErrorClass, classify_error
+from apps.occurrences.execution.deadlines import DeadlineExceeded
+from apps.occurrences.execution.handlers import (
+    Canceled,
+    ErrorClass,
+    TransientError,
+    classify_error,
+)
 from apps.occurrences.execution.locks import SCHEDULE_LOCK, advisory_lock, overlap_lookback
 from apps.occurrences.execution.requeue import OutboxTarget, requeue_through_outbox
 from apps.occurrences.models import Attempt, Occurrence
@@ -116,19 +123,22 @@ def _decide(
     if error is None:
         return _Decision(Attempt.Outcome.SUCCEEDED, Occurrence.State.SUCCEEDED)
     error_class, error_message = type(error).__qualname__, str(error)[:4000]
-    if isinstance(error, Canceled) or claim.context.cancel_requested.is_set():
+    # The deadline sets the cancel event too; a handler it stopped timed out, and is retried.
+    timed_out = isinstance(error, DeadlineExceeded)
+    if not timed_out and (isinstance(error, Canceled) or claim.context.cancel_requested.is_set()):
         outcome, state = Attempt.Outcome.CANCELED, Occurrence.State.CANCELED
         return _Decision(outcome, state, error_class, error_message)
     if classify_error(error) == ErrorClass.PERMANENT:
         outcome, state = Attempt.Outcome.FAILED, Occurrence.State.DEAD
         return _Decision(outcome, state, error_class, error_message)
-    refused, retry_at = _retry_decision(cursor, claim=claim, now=now, rng=rng)
+    refused, retry_at = _retry_decision(cursor, claim=claim, error=error, now=now, rng=rng)
     if refused:
         metrics.retries_refused.labels(reason=refused.split(" ")[0]).inc()
         message = f"{error_message[:3900]} [not retried: {refused}]"
-        return _Decision(Attempt.Outcome.FAILED, Occurrence.State.DEAD, error_class, message)
-    outcome, state = Attempt.Outcome.RETRY, Occurrence.State.RETRY_WAIT
-    return _Decision(outcome, state, error_class, error_message, retry_at)
+        outcome = Attempt.Outcome.TIMED_OUT if timed_out else Attempt.Outcome.FAILED
+        return _Decision(outcome, Occurrence.State.DEAD, error_class, message)
+    outcome = Attempt.Outcome.TIMED_OUT if timed_out else Attempt.Outcome.RETRY
+    return _Decision(outcome, Occurrence.State.RETRY_WAIT, error_class, error_message, retry_at)
 
 
 def _record(cursor: CursorWrapper, *, claim: Claim, decision: _Decision, now: datetime) -> bool:
@@ -167,10 +177,28 @@ def retry_deadline(*, scheduled_for: datetime, deadline_at: datetime | None) -> 
     return deadline_at or scheduled_for + timedelta(seconds=settings.TICK_RETRY_DEADLINE_S)
 
 
+def requested_retry_at(error: BaseException, *, now: datetime, deadline: datetime) -> datetime:
+    """The earliest retry the failed target asked for (a TransientError's `retry_after_s`,
+    e.g. a webhook's Retry-After), capped at the retry deadline; `now` when it asked nothing.
+    Capped rather than refused: the wait is the target's hint, the deadline the tenant's bound,
+    so the retry still gets its one try at the deadline."""
+    wait_s = error.retry_after_s if isinstance(error, TransientError) else None
+    if wait_s is None or deadline <= now:
+        return now
+    room_s = (deadline - now).total_seconds()
+    return now + timedelta(seconds=min(max(wait_s, 0.0), room_s))
+
+
 def _retry_decision(
-    cursor: CursorWrapper, *, claim: Claim, now: datetime, rng: random.Random
+    cursor: CursorWrapper,
+    *,
+    claim: Claim,
+    error: BaseException,
+    now: datetime,
+    rng: random.Random,
 ) -> tuple[str, datetime | None]:
-    """('', retry instant) for a retry, or (reason, None) when a bound refuses it."""
+    """('', retry instant) for a retry, or (reason, None) when a bound refuses it. The
+    instant is the jittered backoff, or later when the target asked for a longer wait."""
     assert claim.context is not None
     ctx = claim.context
     attempts = ctx.attempt_no - claim.attempt_base
@@ -179,8 +207,10 @@ def _retry_decision(
     delay = retry_delay(
         attempts, base_s=settings.TICK_RETRY_BASE_S, cap_s=settings.TICK_RETRY_CAP_S, rng=rng
     )
-    retry_at = now + timedelta(seconds=delay)
     deadline = retry_deadline(scheduled_for=ctx.scheduled_for, deadline_at=claim.deadline_at)
+    retry_at = max(
+        now + timedelta(seconds=delay), requested_retry_at(error, now=now, deadline=deadline)
+    )
     if retry_at > deadline:
         return f"deadline {deadline.isoformat()} passed", None
     if not _spend_retry_budget(

@@ -10,7 +10,8 @@ retried (bounded by max attempts, the occurrence deadline and the tenant retry b
 A handler that sees `ctx.cancel_requested` set should stop and raise `Canceled`.
 A payload that does not suit the handler raises `PayloadError` (the registry's validators raise
 it at schedule create/update; at run time it is permanent like any `PermanentError`).
-Built-ins: `noop`, `record` (demo/test, below) and `webhook` (webhook.py).
+Production built-ins: `noop` (below) and `webhook` (webhook.py); the demo/test handler
+`record` lives in demo_handlers.py and exists only where `TICK_EXTRA_HANDLERS` names it.
 """
 
 from __future__ import annotations
@@ -25,8 +26,6 @@ from enum import StrEnum
 from typing import Any
 
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.db import connection
-from django.utils import timezone
 
 
 class PermanentError(Exception):
@@ -45,7 +44,15 @@ class PayloadError(PermanentError):
 
 
 class TransientError(Exception):
-    """Raised by a handler for a failure worth retrying (timeout, 408/429/5xx)."""
+    """Raised by a handler for a failure worth retrying (timeout, 408/429/5xx).
+
+    `retry_after_s`: how long the target asked to be left alone (a webhook's Retry-After);
+    the completion schedules the retry no earlier, capped at the occurrence's retry deadline.
+    """
+
+    def __init__(self, message: str, *, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class Canceled(Exception):  # noqa: N818 - reads as the outcome it reports
@@ -73,8 +80,11 @@ class HandlerContext:
     scheduled_for: datetime
     attempt_no: int
     payload: Any
-    # Set when the occurrence is canceled while running; long handlers should poll it.
+    # Set when the occurrence is canceled while running, or when the attempt reaches its
+    # run-time limit; long handlers should poll it.
     cancel_requested: threading.Event = field(default_factory=threading.Event)
+    # The attempt's run-time limit in seconds (deadlines.py); None only outside a claim.
+    timeout_s: int | None = None
 
 
 Handler = Callable[[HandlerContext], None]
@@ -82,46 +92,3 @@ Handler = Callable[[HandlerContext], None]
 
 def noop_handler(ctx: HandlerContext) -> None:
     """Does nothing: for demos and for measuring the delivery path itself."""
-
-
-def record_handler(ctx: HandlerContext) -> None:
-    """Demo/test handler: records its effect once per occurrence id.
-
-    A redelivery of the same occurrence leaves the effect as it was and only counts the
-    extra delivery, which is what "idempotent on occurrence_id" means for a real handler.
-
-    Test knobs in the payload (all optional):
-    `sleep_s` + `sleep_attempts` (default 1): after recording, attempts up to that number
-    sleep, waking early and raising `Canceled` when cancellation is requested;
-    `fail`: "permanent" | "transient" + `fail_attempts` (default all): raise after recording.
-    """
-    with connection.cursor() as cursor:
-        cursor.execute(
-            """
-            INSERT INTO occurrences_handlereffect
-                (occurrence_id, tenant_id, schedule_id, scheduled_for, attempt_no, payload,
-                 first_run_at, deliveries)
-            VALUES (%s, %s, %s, %s, %s, %s::jsonb, %s, 1)
-            ON CONFLICT (occurrence_id)
-            DO UPDATE SET deliveries = occurrences_handlereffect.deliveries + 1
-            """,
-            [
-                ctx.occurrence_id,
-                ctx.tenant_id,
-                ctx.schedule_id,
-                ctx.scheduled_for,
-                ctx.attempt_no,
-                json.dumps(ctx.payload),
-                timezone.now(),
-            ],
-        )
-    knobs = ctx.payload if isinstance(ctx.payload, dict) else {}
-    sleep_s = float(knobs.get("sleep_s", 0))
-    if sleep_s > 0 and ctx.attempt_no <= int(knobs.get("sleep_attempts", 1)):
-        if ctx.cancel_requested.wait(sleep_s):
-            raise Canceled("record handler stopped: cancellation requested")
-    fail = knobs.get("fail")
-    if fail and ctx.attempt_no <= int(knobs.get("fail_attempts", 1_000_000)):
-        if fail == "permanent":
-            raise PermanentError("payload asked the record handler to fail permanently")
-        raise TransientError("payload asked the record handler to fail transiently")

@@ -9,12 +9,17 @@ lease every lease/3 with one conditional UPDATE of the attempt row (same token, 
   pass, and a renewed lease is no longer expired at the next one;
 - the same statement reads whether the occurrence or its schedule was canceled; either, or a
   lost lease (the work is no longer this worker's), sets `ctx.cancel_requested`.
+The same thread keeps the attempt's run-time limit (deadlines.py): the cancel event at the
+limit, no renewal past limit + grace, and then the hard stop run.py hands it.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -59,35 +64,77 @@ def attempt_heartbeat(*, claim: Claim) -> Beat:
 
 
 class LeaseHeartbeat(threading.Thread):
-    """Renews a running attempt's lease every lease/3 until `stopped` is set."""
+    """Renews a running attempt's lease every lease/3 until `stopped` is set, and keeps the
+    attempt's run-time limit (`ctx.timeout_s`, deadlines.py): at the limit it sets the cancel
+    event and `deadline_passed`; at limit + grace it stops renewing and, if the handler has
+    not returned, calls `on_hard_limit`."""
 
-    def __init__(self, claim: Claim) -> None:
+    def __init__(self, claim: Claim, *, on_hard_limit: Callable[[], None]) -> None:
         super().__init__(name="tick-heartbeat", daemon=True)
+        assert claim.context is not None
         self.claim = claim
+        self.on_hard_limit = on_hard_limit
         self.stopped = threading.Event()
+        self.deadline_passed = threading.Event()
+        timeout_s = claim.context.timeout_s
+        # Monotonic instants, counted from now: the handler starts right after construction.
+        self._limit = math.inf if timeout_s is None else time.monotonic() + timeout_s
+        self._hard_limit = self._limit + settings.TICK_HANDLER_TIMEOUT_GRACE_S
 
     def run(self) -> None:
-        assert self.claim.context is not None
-        cancel = self.claim.context.cancel_requested
-        interval = settings.TICK_ATTEMPT_LEASE_S / 3
         try:
-            while not self.stopped.wait(interval):
-                try:
-                    beat = attempt_heartbeat(claim=self.claim)
-                except Exception as exc:
-                    if outage_of(exc) is None:
-                        raise
-                    # The handler goes on; the next beat renews the lease if the database
-                    # is back before it expires, else the lease is found lost (below).
-                    log.warning("heartbeat of %s failed: %r", self.claim.attempt_id, exc)
-                    drop_database_connection()
-                    continue
-                if not beat.lease_held:
-                    log.warning("lease of %s lost while running", self.claim.attempt_id)
-                    cancel.set()
-                    return
-                if beat.cancel_requested and not cancel.is_set():
-                    log.info("cancel requested for %s", self.claim.context.occurrence_id)
-                    cancel.set()
+            self._keep()
         finally:
             connection.close()  # this thread's own connection
+
+    def _keep(self) -> None:
+        interval = settings.TICK_ATTEMPT_LEASE_S / 3
+        next_beat = time.monotonic() + interval
+        while True:
+            next_limit = self._hard_limit if self.deadline_passed.is_set() else self._limit
+            if self.stopped.wait(max(0.0, min(next_beat, next_limit) - time.monotonic())):
+                return
+            now = time.monotonic()
+            if now >= self._limit and not self.deadline_passed.is_set():
+                self._soft_stop()
+            if now >= self._hard_limit:  # no renewal past the grace
+                if not self.stopped.is_set():
+                    self.on_hard_limit()
+                return
+            if now >= next_beat:
+                # A lost lease ends the beats, not the clock: a handler that ignores the cancel
+                # still loses its slot at limit + grace.
+                next_beat = now + interval if self._beat() else math.inf
+                if next_beat == math.inf and self._limit == math.inf:
+                    return
+
+    def _soft_stop(self) -> None:
+        assert self.claim.context is not None
+        ctx = self.claim.context
+        log.warning("occurrence %s attempt %s reached its %s s limit: asked to stop",
+                    ctx.occurrence_id, ctx.attempt_no, ctx.timeout_s)  # fmt: skip
+        self.deadline_passed.set()
+        ctx.cancel_requested.set()
+
+    def _beat(self) -> bool:
+        """Renew the lease once; False when it is lost (the work is no longer ours)."""
+        assert self.claim.context is not None
+        cancel = self.claim.context.cancel_requested
+        try:
+            beat = attempt_heartbeat(claim=self.claim)
+        except Exception as exc:
+            if outage_of(exc) is None:
+                raise
+            # The handler goes on; the next beat renews the lease if the database is back
+            # before it expires, else the lease is found lost.
+            log.warning("heartbeat of %s failed: %r", self.claim.attempt_id, exc)
+            drop_database_connection()
+            return True
+        if not beat.lease_held:
+            log.warning("lease of %s lost while running", self.claim.attempt_id)
+            cancel.set()
+            return False
+        if beat.cancel_requested and not cancel.is_set():
+            log.info("cancel requested for %s", self.claim.context.occurrence_id)
+            cancel.set()
+        return True

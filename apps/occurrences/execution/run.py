@@ -4,7 +4,8 @@ Lock story of a run: no lock and no transaction is held while the handler runs.
 1. The claim (claim.py) commits an attempt with a lease; it is the only durable trace of
    the run from then on.
 2. The handler runs outside any transaction while a heartbeat thread (heartbeat.py) renews
-   the lease and raises `ctx.cancel_requested` on cancel or a lost lease.
+   the lease and raises `ctx.cancel_requested` on cancel, a lost lease or the attempt's
+   run-time limit; past limit + grace it reclaims the slot (`_reclaim`, deadlines.py).
 3. The completion (complete.py) writes the result only if the attempt still holds its lease.
 If the worker dies in between, the reaper (reaper.py) takes the attempt back when its lease
 expires, and the occurrence runs again under the same id.
@@ -29,6 +30,11 @@ from django.conf import settings
 
 from apps.occurrences.execution.claim import Claim, ClaimStatus, occurrence_claim
 from apps.occurrences.execution.complete import attempt_complete
+from apps.occurrences.execution.deadlines import (
+    DeadlineExceeded,
+    end_pool_process,
+    in_pool_process,
+)
 from apps.occurrences.execution.handlers import PermanentError
 from apps.occurrences.execution.heartbeat import LeaseHeartbeat
 from apps.occurrences.execution.registry import handler_spec
@@ -65,19 +71,56 @@ def _run_handler(claim: Claim) -> BaseException | None:
     spec = handler_spec(claim.handler)
     if spec is None:
         return PermanentError(f"no handler registered as {claim.handler!r}")
-    heartbeat = LeaseHeartbeat(claim)
+    heartbeat = LeaseHeartbeat(claim, on_hard_limit=lambda: _reclaim(claim))
     heartbeat.start()
+    error: BaseException | None = None
     try:
         spec.run(ctx)
     except Exception as exc:  # noqa: BLE001 - every handler failure is classified at completion
-        log.warning("occurrence %s attempt %s failed: %r", ctx.occurrence_id, ctx.attempt_no,
-                    exc, extra=logs.ids(tenant_id=ctx.tenant_id, schedule_id=ctx.schedule_id,
-                                        occurrence_id=ctx.occurrence_id))  # fmt: skip
-        return exc
+        error = exc
     finally:
         heartbeat.stopped.set()
         heartbeat.join()
-    return None
+    if error is not None and heartbeat.deadline_passed.is_set():
+        # It stopped because its limit came (a return would have been a success).
+        error = DeadlineExceeded(f"stopped at its {ctx.timeout_s} s run-time limit ({error!r})")
+    if error is not None:
+        log.warning("occurrence %s attempt %s failed: %r", ctx.occurrence_id, ctx.attempt_no,
+                    error, extra=_ids(claim))  # fmt: skip
+    return error
+
+
+def _reclaim(claim: Claim) -> None:
+    """The hard stop (deadlines.py, 3), on the heartbeat thread: the handler is still running
+    past its limit + grace. Record TIMED_OUT under the lease, then end the pool process."""
+    ctx = claim.context
+    assert ctx is not None
+    grace_s = settings.TICK_HANDLER_TIMEOUT_GRACE_S
+    error = DeadlineExceeded(
+        f"still running {grace_s} s after its {ctx.timeout_s} s run-time limit: reclaimed"
+    )
+    try:
+        state = attempt_complete(claim=claim, error=error)
+    except Exception as exc:  # noqa: BLE001 - the slot is reclaimed even so
+        # The lease is no longer renewed: the reaper takes the attempt back when it expires.
+        log.error("occurrence %s attempt %s: TIMED_OUT not recorded (%r)", ctx.occurrence_id,
+                  ctx.attempt_no, exc, extra=_ids(claim))  # fmt: skip
+        state = None
+    if in_pool_process():
+        log.error("occurrence %s attempt %s: handler stuck past its limit (%s); replacing "
+                  "this pool process", ctx.occurrence_id, ctx.attempt_no, state or "stale",
+                  extra=_ids(claim))  # fmt: skip
+        end_pool_process()
+    log.error("occurrence %s attempt %s: handler stuck past its limit (%s); outside a prefork "
+              "pool its thread cannot be stopped and keeps this slot until it returns",
+              ctx.occurrence_id, ctx.attempt_no, state or "stale", extra=_ids(claim))  # fmt: skip
+
+
+def _ids(claim: Claim) -> dict[str, str]:
+    ctx = claim.context
+    assert ctx is not None
+    return logs.ids(tenant_id=ctx.tenant_id, schedule_id=ctx.schedule_id,
+                    occurrence_id=ctx.occurrence_id)  # fmt: skip
 
 
 def _complete(claim: Claim, error: BaseException | None) -> dict[str, Any]:
@@ -101,6 +144,5 @@ def _complete(claim: Claim, error: BaseException | None) -> dict[str, Any]:
         return {"status": "unrecorded", "attempt_no": ctx.attempt_no}
     status = "stale" if state is None else str(state)
     log.info("occurrence %s attempt %s: %s", ctx.occurrence_id, ctx.attempt_no, status,
-             extra=logs.ids(tenant_id=ctx.tenant_id, schedule_id=ctx.schedule_id,
-                            occurrence_id=ctx.occurrence_id))  # fmt: skip
+             extra=_ids(claim))  # fmt: skip
     return {"status": status, "attempt_no": ctx.attempt_no}

@@ -16,6 +16,10 @@ check and connect cannot redirect the request.
 Outcome classes: 2xx success; 408, 429 and 5xx transient (retried); 3xx (redirect not
 followed) and every other 4xx permanent (DEAD); connection errors and timeouts transient;
 certificate verification failures and SSRF refusals permanent.
+
+A 429 or 503 with `Retry-After` (delta-seconds or an HTTP-date) carries the wait on its
+`TransientError`; the completion (complete.py) schedules the retry no earlier, capped at the
+occurrence's retry deadline. A malformed header is ignored (the usual backoff applies).
 """
 
 from __future__ import annotations
@@ -23,10 +27,13 @@ from __future__ import annotations
 import json
 import ssl
 from collections.abc import Mapping
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 from typing import Any
 
 import urllib3
 from django.conf import settings
+from django.utils import timezone
 from urllib3.exceptions import HTTPError as Urllib3Error
 from urllib3.exceptions import SSLError as Urllib3SSLError
 
@@ -52,6 +59,8 @@ RESERVED_HEADERS = frozenset(
 MAX_BODY_BYTES = 256 * 1024
 MAX_HEADERS = 20
 USER_AGENT = "Tick-Webhook/1"
+# Statuses whose Retry-After is honoured (RFC 9110 also allows it on 3xx, never followed here).
+RETRY_AFTER_STATUSES = frozenset({429, 503})
 
 
 class WebhookPayloadError(PayloadError):
@@ -166,21 +175,54 @@ def webhook_send(*, ctx: HandlerContext) -> int:
         raise TransientError(f"webhook request failed: {exc}") from None
     finally:
         pool.close()
-    return classify_response(response.status, snippet, response.headers.get("Location"))
+    return classify_response(
+        response.status,
+        snippet,
+        location=response.headers.get("Location"),
+        retry_after=response.headers.get("Retry-After"),
+    )
 
 
-def classify_response(status: int, snippet: bytes, location: str | None = None) -> int:
+def classify_response(
+    status: int, snippet: bytes, *, location: str | None = None, retry_after: str | None = None
+) -> int:
     """Return `status` when it is a success, else raise the error of its class."""
     text = snippet.decode(errors="replace")[:200]
     if 200 <= status < 300:
         return status
     if status in (408, 429) or status >= 500:
-        raise TransientError(f"webhook answered HTTP {status}: {text}")
+        wait_s = retry_after_s(retry_after) if status in RETRY_AFTER_STATUSES else None
+        asked = "" if wait_s is None else f" (Retry-After: {wait_s:.0f} s)"
+        raise TransientError(f"webhook answered HTTP {status}{asked}: {text}", retry_after_s=wait_s)
     if 300 <= status < 400:
         raise PermanentError(
             f"webhook answered HTTP {status} (redirect to {location!r} not followed)"
         )
     raise PermanentError(f"webhook answered HTTP {status}: {text}")
+
+
+def retry_after_s(header: str | None, *, now: datetime | None = None) -> float | None:
+    """Seconds a `Retry-After` header asks to wait, or None when absent or malformed.
+
+    Delta-seconds or an HTTP-date (a date already past asks 0 s). Never negative, and never
+    more than TICK_RETRY_DEADLINE_S — no retry is scheduled later than that anyway, and a
+    huge value must not overflow the date arithmetic of the completion.
+    """
+    if header is None:
+        return None
+    value = header.strip()
+    longest_s = float(settings.TICK_RETRY_DEADLINE_S)
+    if value.isascii() and value.isdigit():
+        # A digit string too long to be a plausible wait is not parsed at all.
+        return min(float(value), longest_s) if len(value) <= 12 else longest_s
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    if when.tzinfo is None:  # "-0000" zone: HTTP-dates are GMT
+        when = when.replace(tzinfo=UTC)
+    wait_s = (when - (now or timezone.now())).total_seconds()
+    return min(max(wait_s, 0.0), longest_s)
 
 
 def webhook_handler(ctx: HandlerContext) -> None:

@@ -9,22 +9,28 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import timedelta
+from email.utils import format_datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import parse_qs, quote, urlsplit
 
 import pytest
 from django.utils import timezone
 
+from apps.occurrences.execution.complete import retry_deadline
 from apps.occurrences.execution.handlers import HandlerContext, PermanentError, TransientError
 from apps.occurrences.execution.registry import handler_spec
 from apps.occurrences.execution.run import occurrence_execute
 from apps.occurrences.execution.ssrf import Allowlist, SSRFRefused, address_refusal, check_url
 from apps.occurrences.execution.webhook import (
     WebhookPayloadError,
+    retry_after_s,
     validate_webhook_payload,
     webhook_send,
 )
-from apps.occurrences.tests.support.rows import occurrence, schedule
+from apps.occurrences.models import DispatchOutbox, Lane, Occurrence
+from apps.occurrences.tests.support.rows import occurrence, schedule, state_of
 
 
 class _Recorder(BaseHTTPRequestHandler):
@@ -38,11 +44,14 @@ class _Recorder(BaseHTTPRequestHandler):
         )
         if self.path.startswith("/sleep"):
             time.sleep(1.5)
-        status = int(self.path.split("/status/")[1]) if "/status/" in self.path else 200
+        url = urlsplit(self.path)
+        status = int(url.path.split("/status/")[1]) if "/status/" in url.path else 200
         self.send_response(status)
         if 300 <= status < 400:
             port = self.server.server_port  # type: ignore[attr-defined]
             self.send_header("Location", f"http://127.0.0.1:{port}/moved")
+        for value in parse_qs(url.query).get("retry-after", []):
+            self.send_header("Retry-After", value)
         self.send_header("Content-Length", "2")
         self.end_headers()
         self.wfile.write(b"ok")
@@ -131,6 +140,93 @@ def test_webhook_response_classes(server, allow_loopback, status, error):
         webhook_send(ctx=_ctx({"url": _url(server, f"/status/{status}")}))
     # Redirects are not followed: the server saw exactly the one request.
     assert [r["path"] for r in server.requests] == [f"/status/{status}"]
+
+
+# --- Retry-After -------------------------------------------------------------------------
+
+
+def _retry_row_after_answer(server, tenant, retry_after: str, status: int = 429):
+    """Run a webhook occurrence whose target answers `status` with `retry_after`; returns
+    the occurrence, its retry-lane outbox row and the instants just before and after."""
+    path = f"/status/{status}?retry-after={quote(retry_after)}"
+    sched = schedule(tenant, handler="webhook", payload={"url": _url(server, path)})
+    occ = occurrence(sched, timezone.now())
+    before = timezone.now()
+    summary = occurrence_execute(occurrence_id=occ.id, scheduled_for=occ.scheduled_for,
+                                 worker_id="w")  # fmt: skip
+    after = timezone.now()
+    assert summary == {"status": "RETRY_WAIT", "attempt_no": 1}
+    row = DispatchOutbox.objects.get(occurrence_id=occ.id)
+    assert row.lane == Lane.RETRY
+    return occ, row, before, after
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("status", [429, 503])
+def test_retry_after_seconds_hold_the_retry_back_at_least_that_long(
+    server, allow_loopback, tenant_a, settings, status
+):
+    settings.TICK_RETRY_BASE_S = 2  # the usual backoff alone would retry within 2 s
+
+    _, row, before, after = _retry_row_after_answer(server, tenant_a, "30", status)
+
+    assert before + timedelta(seconds=30) <= row.available_at <= after + timedelta(seconds=30)
+
+
+@pytest.mark.django_db
+def test_retry_after_http_date_holds_the_retry_back_until_that_instant(
+    server, allow_loopback, tenant_a
+):
+    asked = (timezone.now() + timedelta(seconds=90)).replace(microsecond=0)
+
+    _, row, _, after = _retry_row_after_answer(
+        server, tenant_a, format_datetime(asked, usegmt=True)
+    )
+
+    assert asked <= row.available_at <= after + timedelta(seconds=90)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("header", ["soon", "-30", "3.5", "Someday, 99 Foo 2026"])
+def test_malformed_retry_after_leaves_the_usual_backoff(
+    server, allow_loopback, tenant_a, settings, header
+):
+    settings.TICK_RETRY_BASE_S = 2  # first retry: full jitter within [0, 2] s
+
+    _, row, before, after = _retry_row_after_answer(server, tenant_a, header)
+
+    assert before <= row.available_at <= after + timedelta(seconds=2)
+
+
+@pytest.mark.django_db
+def test_retry_after_past_the_retry_deadline_is_capped_at_the_deadline(
+    server, allow_loopback, tenant_a, settings
+):
+    settings.TICK_RETRY_DEADLINE_S = 600
+
+    occ, row, _, _ = _retry_row_after_answer(server, tenant_a, "9" * 40)
+
+    deadline = retry_deadline(scheduled_for=occ.scheduled_for, deadline_at=None)
+    assert row.available_at == deadline
+    assert state_of(occ) == Occurrence.State.RETRY_WAIT
+
+
+def test_retry_after_is_read_only_from_429_and_503(server, allow_loopback):
+    for status, expected in [(429, 30.0), (503, 30.0), (500, None), (408, None)]:
+        with pytest.raises(TransientError) as excinfo:
+            webhook_send(ctx=_ctx({"url": _url(server, f"/status/{status}?retry-after=30")}))
+        assert excinfo.value.retry_after_s == expected, status
+
+
+@pytest.mark.parametrize(
+    ("header", "seconds"),
+    [("30", 30.0), (" 0 ", 0.0), ("Wed, 21 Oct 2015 07:28:00 GMT", 0.0), (None, None),
+     ("", None), ("1e3", None), ("\uff11\uff12", None), ("Fri, 31 Dec 99999 23:59:59 GMT", None),
+     ("9" * 5000, 86_400.0), ("Fri, 31 Dec 9999 23:59:59 GMT", 86_400.0)],
+)  # fmt: skip
+def test_retry_after_header_forms(header, seconds, settings):
+    settings.TICK_RETRY_DEADLINE_S = 86_400
+    assert retry_after_s(header) == seconds
 
 
 def test_webhook_read_timeout_is_transient(server, allow_loopback, settings):
