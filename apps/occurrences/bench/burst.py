@@ -17,11 +17,7 @@ produced.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -37,15 +33,23 @@ from django.db import connection
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from apps.occurrences.bench.fixtures import ScheduleBatch
+from apps.occurrences.bench.fixtures import (
+    ScheduleBatch,
+    bench_tenants,
+    bench_tenants_delete,
+    cron_definition,
+    next_whole_minute,
+)
+from apps.occurrences.bench.processes import (
+    BenchProcesses,
+    declare_topology,
+    delete_topology,
+    services_cpu,
+)
 from apps.occurrences.models import Occurrence
 from apps.occurrences.pipeline.queues import all_queue_names
 from apps.schedules.models import Schedule
-from apps.tenants.models import Tenant
-from apps.tenants.services import tenant_create
 
-ROOT = Path(__file__).resolve().parents[3]
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 # The pipeline processes the bench starts: `manage.py` command names, which also key the
 # report's cpu and peak_rss_mb figures.
 PIPELINE_COMMANDS = ("materialize", "relay")
@@ -130,10 +134,7 @@ def _copy_schedules(
     owners: list[uuid.UUID] = []
     for tenant_id, weight in zip(tenant_ids, weights, strict=True):
         owners.extend([tenant_id] * weight)
-    definition = json.dumps(
-        {"kind": Schedule.Kind.CRON, "expression": expression, "time_zone": "UTC",
-         "precision": precision, "flexible_window_s": window_s, "handler": "record"}
-    )  # fmt: skip
+    definition = cron_definition(expression, precision=precision, window_s=window_s)
     chunk = 50_000
     with connection.cursor() as cursor:
         for start in range(0, count, chunk):
@@ -148,16 +149,6 @@ def _copy_schedules(
                 )  # fmt: skip
                 batch.add_created_event(sid, tenant, now)
             batch.copy(cursor)
-
-
-def _bench_tenants(prefix: str, count: int) -> list[uuid.UUID]:
-    """`count` fresh tenants; the first will own 90 % of the schedules."""
-    tenant_ids = [tenant_create(slug=f"bench-{prefix[-8:]}-{i}").id for i in range(count)]
-    # The benchmark measures Tick's capacity, not a tenant's quota: lift the rate quotas.
-    Tenant.objects.filter(id__in=tenant_ids).update(
-        trigger_rate_per_s=10_000_000, catchup_rate_per_s=10_000_000
-    )
-    return tenant_ids
 
 
 def _owner_weights(tenant_ids: list[uuid.UUID]) -> list[int]:
@@ -177,14 +168,6 @@ def _load_extra_active(
     )  # fmt: skip
 
 
-def _burst_instant(now: datetime, lead_s: float) -> datetime:
-    """The first whole minute at least `lead_s` after `now`: a cron rule can name it."""
-    instant = (now + timedelta(seconds=lead_s)).replace(second=0, microsecond=0)
-    if instant < now + timedelta(seconds=lead_s):
-        instant += timedelta(minutes=1)
-    return instant
-
-
 def _load_due(burst: _Burst, weights: list[int], say: Callable[[str], object]) -> None:
     """COPY the burst's schedules, all due at its instant, and refresh the planner's stats."""
     instant = burst.instant
@@ -198,60 +181,7 @@ def _load_due(burst: _Burst, weights: list[int], say: Callable[[str], object]) -
         cursor.execute("ANALYZE schedules_schedule")
 
 
-def _cleanup(tenant_ids: list[uuid.UUID]) -> None:
-    with connection.cursor() as cursor:
-        for table in (
-            "occurrences_dispatchoutbox",
-            "occurrences_attempt",
-            "occurrences_occurrence",
-            "schedules_scheduleevent",
-            "schedules_scheduleversion",
-            "schedules_schedule",
-            "tenants_tenant",
-        ):
-            column = "id" if table == "tenants_tenant" else "tenant_id"
-            cursor.execute(f"DELETE FROM {table} WHERE {column} = ANY(%s)", [tenant_ids])
-
-
 # -- processes -----------------------------------------------------------------------------
-
-
-def _proc_cpu_s(pid: int) -> float:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime + stime
-
-
-def _proc_peak_rss_mb(pid: int) -> float:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
-
-
-def _pids_named(*names: str) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                comm = (entry / "comm").read_text().strip()
-            except OSError:
-                continue
-            if comm in names:
-                pids.append(int(entry.name))
-    return pids
-
-
-def _services_cpu() -> dict[str, float]:
-    return {
-        "postgresql": sum(_proc_cpu_s(p) for p in _pids_named("postgres", "postmaster")),
-        "rabbitmq": sum(_proc_cpu_s(p) for p in _pids_named("beam.smp")),
-    }
 
 
 class _Consumer(threading.Thread):
@@ -291,67 +221,10 @@ class _Consumer(threading.Thread):
         conn.close()
 
 
-def _publisher(broker_url: str, prefix: str) -> Any:
-    from apps.occurrences.pipeline.broker import Publisher
-
-    return Publisher(
-        broker_url, prefix=prefix, partitions=settings.TICK_TENANT_PARTITIONS, celery_app=None
-    )
-
-
-def _declare_topology(broker_url: str, prefix: str) -> None:
-    declarer = _publisher(broker_url, prefix)
-    declarer.connect()  # declares the topology the relay will publish to
-    declarer.close()
-
-
-def _delete_topology(broker_url: str, prefix: str) -> None:
-    cleaner = _publisher(broker_url, prefix)
-    cleaner.delete_topology()
-    cleaner.close()
-
-
-def _start_pipeline(prefix: str, logs: Path, procs: dict[str, subprocess.Popen[bytes]]) -> None:
-    """A `manage.py materialize` and a `manage.py relay` on the bench's queue prefix.
-
-    Each goes into `procs` as soon as it runs, so the caller stops it even if the next fails.
-    """
-    env = {**os.environ, "TICK_QUEUE_PREFIX": prefix, "PYTHONUNBUFFERED": "1"}
-    for command in PIPELINE_COMMANDS:
-        procs[command] = subprocess.Popen(  # noqa: S603 - fixed argv: this interpreter, manage.py
-            [sys.executable, "manage.py", command], cwd=ROOT, env=env,
-            stdout=subprocess.DEVNULL, stderr=(logs / f"{command}.log").open("wb"),
-        )  # fmt: skip
-
-
-def _stop_pipeline(procs: dict[str, subprocess.Popen[bytes]]) -> None:
-    for proc in procs.values():
-        proc.send_signal(signal.SIGTERM)
-    for proc in procs.values():
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-
-
 def _stop_consumer(consumer: _Consumer) -> None:
     consumer.stop.set()
     if consumer.is_alive():
         consumer.join(5)
-
-
-def _resource_usage(
-    procs: dict[str, subprocess.Popen[bytes]], services_before: dict[str, float]
-) -> tuple[dict[str, float], dict[str, float]]:
-    """CPU seconds and peak RSS (MiB) per process kind; the services' CPU since `before`."""
-    cpu = {kind: _proc_cpu_s(p.pid) for kind, p in procs.items()}
-    rss = {kind: _proc_peak_rss_mb(p.pid) for kind, p in procs.items()}
-    services_after = _services_cpu()
-    for name, before in services_before.items():
-        cpu[name] = services_after[name] - before
-    cpu["bench+consumer"] = _proc_cpu_s(os.getpid())
-    rss["bench+consumer"] = _proc_peak_rss_mb(os.getpid())
-    return cpu, rss
 
 
 def _burst_occurrences(burst: _Burst) -> QuerySet[Occurrence]:
@@ -394,9 +267,10 @@ def bench_burst(
     say = log or (lambda message: None)
     prefix = f"tick-bench-{uuid.uuid4().hex[:8]}"
     broker_url = settings.CELERY_BROKER_URL
-    tenant_ids = _bench_tenants(prefix, tenants)
+    tenant_ids = bench_tenants(prefix, tenants)
     weights = _owner_weights(tenant_ids)
-    procs: dict[str, subprocess.Popen[bytes]] = {}
+    logs = Path(tempfile.mkdtemp(prefix="tick-bench-"))
+    procs = BenchProcesses(prefix, logs)
     consumer = _Consumer(broker_url, all_queue_names(prefix, settings.TICK_TENANT_PARTITIONS))
     try:
         if extra_active:
@@ -404,7 +278,7 @@ def bench_burst(
         now = timezone.now()
         burst = _Burst(
             tenant_ids=tenant_ids,
-            instant=_burst_instant(now, lead_s),
+            instant=next_whole_minute(now, lead_s),
             schedules=schedules,
             precision=(
                 Schedule.Precision.FLEXIBLE if flexible_window_s else Schedule.Precision.STRICT
@@ -413,14 +287,14 @@ def bench_burst(
             extra_active=extra_active,
         )
         _load_due(burst, weights, say)
-        _declare_topology(broker_url, prefix)
+        declare_topology(broker_url, prefix)
         consumer.start()
         consumer.ready.wait(10)
-        logs = Path(tempfile.mkdtemp(prefix="tick-bench-"))
         say(f"process logs in {logs}")
-        services_before = _services_cpu()
+        services_before = services_cpu()
         started_at = timezone.now()
-        _start_pipeline(prefix, logs, procs)
+        for command in PIPELINE_COMMANDS:
+            procs.start_command(command)
         say(
             "materializer and relay started; "
             f"instant in {(burst.instant - now).total_seconds():.0f} s"
@@ -429,17 +303,17 @@ def bench_burst(
         _wait_delivered(
             burst, consumer, burst.instant + timedelta(seconds=timeout_s + flexible_window_s)
         )
-        cpu, rss = _resource_usage(procs, services_before)
+        cpu, rss = procs.usage(services_before, own_kind="bench+consumer")
         return _report(
             burst, consumer.arrivals, materialized_before_instant=materialized_at < burst.instant,
             materialize_s=(materialized_at - started_at).total_seconds(), cpu=cpu, rss=rss,
         )  # fmt: skip
     finally:
-        _stop_pipeline(procs)
+        procs.stop()
         _stop_consumer(consumer)
         say("cleaning up…")
-        _cleanup(tenant_ids)
-        _delete_topology(broker_url, prefix)
+        bench_tenants_delete(tenant_ids)
+        delete_topology(broker_url, prefix)
 
 
 # -- the report ----------------------------------------------------------------------------
