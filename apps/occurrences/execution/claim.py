@@ -312,6 +312,20 @@ def _recheck_later(
     return status
 
 
+# A deferred occurrence asks again later the longer it has waited (half its wait so far, at
+# most this): a tenant far over its limit then cycles its backlog through relay, broker and
+# claim ever less often, instead of every few seconds, and the queue in front of the other
+# tenants of its partition stays short (docs/decisions.md, "No tenant can starve another").
+DEFERRAL_CAP_S = 30.0
+
+
+def deferral_delay_s(waited_s: float, *, base_s: float, jitter: float) -> float:
+    """Seconds until a deferred claim is tried again: `base_s`..2x`base_s` while the
+    occurrence is fresh, then half its wait so far (x 1..2 by `jitter` in [0, 1)), never
+    above DEFERRAL_CAP_S."""
+    return min(DEFERRAL_CAP_S, max(float(base_s), waited_s / 2) * (1 + jitter))
+
+
 def _quota_verdict(cursor: CursorWrapper, row: _ClaimRow, now: datetime) -> ClaimStatus | None:
     """Step c, under the tenant lock: at the tenant's run limit (`max_running`, or its share
     of the live worker slots while another tenant contends), delay; None = run."""
@@ -331,7 +345,11 @@ def _quota_verdict(cursor: CursorWrapper, row: _ClaimRow, now: datetime) -> Clai
         delayed = metrics.fair_share_delays
     else:
         return None
-    delay = settings.TICK_QUOTA_DELAY_S * (1 + _rng.random())
+    waiting_since = row.enqueued_at or row.scheduled_for
+    delay = deferral_delay_s(
+        (now - waiting_since).total_seconds(), base_s=settings.TICK_QUOTA_DELAY_S,
+        jitter=_rng.random(),
+    )  # fmt: skip
     requeue_through_outbox(cursor, row.target, available_at=now + timedelta(seconds=delay), now=now)
     delayed.inc()
     return ClaimStatus.DELAYED

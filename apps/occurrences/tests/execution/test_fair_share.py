@@ -216,6 +216,29 @@ def test_over_share_claims_are_deferred_not_dropped_and_run_once_slots_free_up(t
 
 
 @pytest.mark.django_db
+def test_a_long_deferred_occurrence_asks_again_less_often_up_to_a_cap(tenant_a, tenant_b):
+    # given: tenant a at its share of 2 while b contends, and three more of a's occurrences
+    # that have waited since their first publish 1 s, 40 s and 10 min
+    _worker("w@host", 4)
+    _started(tenant_b, s_ago=10)
+    now = timezone.now()
+    assert _claims_of(tenant_a, 2, now) == [ClaimStatus.CLAIMED] * 2
+    waited: dict[int, float] = {}
+    for seconds in (1, 40, 600):
+        occ = occurrence(schedule(tenant_a, name=f"waited{seconds}"), now)
+        Occurrence.objects.filter(id=occ.id).update(enqueued_at=now - timedelta(seconds=seconds))
+        assert _claim(occ, now).status == ClaimStatus.DELAYED
+        row = DispatchOutbox.objects.get(occurrence_id=occ.id)
+        waited[seconds] = (row.available_at - now).total_seconds()
+
+    # then: a fresh one asks again in 2-4 s; one waiting 40 s in 20-30 s (half its wait,
+    # jittered); none later than 30 s, however long it waited
+    assert 2 <= waited[1] <= 4
+    assert 20 <= waited[40] <= 30
+    assert waited[600] == pytest.approx(30, abs=0.01)
+
+
+@pytest.mark.django_db
 def test_a_quiet_tenant_claims_while_the_noisy_one_holds_its_share(tenant_a, tenant_b):
     _worker("w@host", 4)
     _started(tenant_b, s_ago=55)  # the quiet one runs every minute
