@@ -13,12 +13,10 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from django.conf import settings
-from django.db import connection
 from django.utils import timezone
 
 from apps.occurrences.models import Attempt, HandlerEffect, Occurrence
-from apps.occurrences.tests.support.processes import ProcessStack, database_url, stack_env
+from apps.occurrences.tests.support.processes import ProcessStack, shared_stack_env
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -26,10 +24,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 @pytest.fixture
 def stack(queue_prefix: str, tmp_path: Path) -> Iterator[ProcessStack]:
     """materialize, relay and a Celery worker as real processes; stopped with SIGTERM."""
-    env = stack_env(
-        database_url=database_url(connection.settings_dict),
-        broker_url=settings.CELERY_BROKER_URL,
-        queue_prefix=queue_prefix,
+    env = shared_stack_env(
+        queue_prefix,
     )
     processes = ProcessStack(tmp_path, env)
     for role in ("materialize", "relay", "worker"):

@@ -24,7 +24,7 @@ from apps.occurrences.execution.reaper import attempts_reap
 from apps.occurrences.execution.requeue import OutboxTarget, requeue_through_outbox
 from apps.occurrences.execution.run import occurrence_execute
 from apps.occurrences.models import Attempt, DispatchOutbox, HandlerEffect, Lane, Occurrence
-from apps.occurrences.tests.support.processes import ProcessStack, database_url, stack_env
+from apps.occurrences.tests.support.processes import ProcessStack, shared_stack_env
 from apps.occurrences.tests.support.rows import occurrence, schedule, state_of
 from apps.tenants.models import Tenant
 
@@ -199,10 +199,8 @@ def test_reclaimed_attempts_own_message_is_dropped_while_its_retry_waits(tenant_
 @pytest.fixture
 def one_slot(queue_prefix: str, tmp_path: Path) -> Iterator[ProcessStack]:
     """A relay and a Celery worker with a single prefork slot; short leases and grace."""
-    env = stack_env(
-        database_url=database_url(connection.settings_dict),
-        broker_url=settings.CELERY_BROKER_URL,
-        queue_prefix=queue_prefix,
+    env = shared_stack_env(
+        queue_prefix,
         TICK_ATTEMPT_LEASE_S="2",
         TICK_LEASE_TTL_S="3",
         TICK_HANDLER_TIMEOUT_GRACE_S=str(GRACE_S),

@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 from celery.exceptions import Reject
 from django.conf import settings
-from django.db import connection
 from django.utils import timezone
 
 from apps.occurrences.execution import tasks
@@ -31,10 +30,9 @@ from apps.occurrences.pipeline.relay import OutboxRow, build_messages, relay_ste
 from apps.occurrences.tests.support.pipeline import leases, materialize_config, relay_config
 from apps.occurrences.tests.support.processes import (
     ProcessStack,
-    database_url,
     free_port,
     role_argv,
-    stack_env,
+    shared_stack_env,
 )
 from apps.occurrences.tests.support.rows import occurrence, schedule
 from apps.schedules.models import Schedule
@@ -58,10 +56,8 @@ def _wait(predicate: Callable[[], Any], timeout: float, what: str, stack: Proces
 
 @pytest.fixture
 def stack(tmp_path: Path, queue_prefix: str, transactional_db: Any) -> Iterator[ProcessStack]:
-    env = stack_env(
-        database_url=database_url(connection.settings_dict),
-        broker_url=settings.CELERY_BROKER_URL,
-        queue_prefix=queue_prefix,
+    env = shared_stack_env(
+        queue_prefix,
         # One tenant alone on the worker: what is measured is the fan-out, not the share of
         # slots a tenant may hold when others compete (test_fair_share.py).
         TICK_TENANT_SLOT_SHARE="1",

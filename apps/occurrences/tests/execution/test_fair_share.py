@@ -12,7 +12,6 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
-from django.conf import settings
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
@@ -38,7 +37,7 @@ from apps.occurrences.models import (
     TenantActivity,
     WorkerPresence,
 )
-from apps.occurrences.tests.support.processes import ProcessStack, database_url, stack_env
+from apps.occurrences.tests.support.processes import ProcessStack, shared_stack_env
 from apps.occurrences.tests.support.rows import occurrence, schedule, state_of
 from apps.tenants.models import Tenant
 from apps.tenants.tests.races import run_at_once
@@ -433,10 +432,8 @@ def _wait_for(predicate, timeout_s: float, stack: ProcessStack, what: str) -> No
 
 @pytest.fixture
 def stack(queue_prefix: str, tmp_path: Path) -> Iterator[ProcessStack]:
-    env = stack_env(
-        database_url=database_url(connection.settings_dict),
-        broker_url=settings.CELERY_BROKER_URL,
-        queue_prefix=queue_prefix,
+    env = shared_stack_env(
+        queue_prefix,
         TICK_TENANT_SLOT_SHARE="0.5",
         TICK_WORKER_SLOTS="0",
         TICK_FAIR_SHARE_WINDOW_S=str(WINDOW_S),

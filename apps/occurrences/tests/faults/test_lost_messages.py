@@ -12,12 +12,11 @@ from pathlib import Path
 import amqp
 import pytest
 from django.conf import settings
-from django.db import connection
 from django.utils import timezone
 
 from apps.occurrences.models import HandlerEffect, Occurrence
 from apps.occurrences.pipeline.queues import all_queue_names
-from apps.occurrences.tests.support.processes import ProcessStack, database_url, stack_env
+from apps.occurrences.tests.support.processes import ProcessStack, shared_stack_env
 from apps.schedules.models import Schedule
 from apps.schedules.tests.factories import make_schedule
 
@@ -59,10 +58,8 @@ def test_purged_messages_are_republished_by_the_backstop_and_run_once(
     for n in range(BURST):
         make_schedule(tenant_a if n % 2 else tenant_b, kind=Schedule.Kind.ONE_SHOT,
                       expression="", run_at=run_at, name=f"lost-{n}")  # fmt: skip
-    env = stack_env(
-        database_url=database_url(connection.settings_dict),
-        broker_url=settings.CELERY_BROKER_URL,
-        queue_prefix=queue_prefix,
+    env = shared_stack_env(
+        queue_prefix,
     )
     stack = ProcessStack(tmp_path, env)
     stack.start_role("materialize")

@@ -17,6 +17,7 @@ from typing import Any
 from urllib.parse import quote
 
 from django.conf import settings
+from django.db import connection
 
 ROOT: Path = settings.BASE_DIR
 
@@ -51,6 +52,16 @@ def stack_env(
         "PYTHONUNBUFFERED": "1",
         **extra,
     }
+
+
+def shared_stack_env(queue_prefix: str, **extra: str) -> dict[str, str]:
+    """`stack_env` for processes on the test database and the machine's RabbitMQ."""
+    return stack_env(
+        database_url=database_url(connection.settings_dict),
+        broker_url=settings.CELERY_BROKER_URL,
+        queue_prefix=queue_prefix,
+        **extra,
+    )
 
 
 def role_argv(role: str, *, name: str = "", concurrency: int = 2, **opts: Any) -> list[str]:
