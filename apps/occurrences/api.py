@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers, status
 from rest_framework.exceptions import APIException, ValidationError
 from rest_framework.request import Request
@@ -17,14 +17,16 @@ from apps.occurrences.execution.cancel import CancelOutcome, occurrence_cancel
 from apps.occurrences.execution.replay import occurrences_replay
 from apps.occurrences.models import Occurrence
 from apps.occurrences.selectors import (
+    OCCURRENCE_FILTER_PARAMS,
     OccurrenceFilterError,
     access_occurrence,
     occurrences_filtered,
     parse_occurrence_filter,
 )
 from apps.occurrences.serializers import OccurrenceDetailSerializer, OccurrenceSerializer
+from apps.schedules.serializers import ErrorSerializer
 from apps.tenants.authentication import principal_of
-from apps.tenants.pagination import KeysetPagination
+from apps.tenants.pagination import KeysetPagination, unknown_query_params
 
 
 class OccurrenceCursor(KeysetPagination):
@@ -38,19 +40,29 @@ class OccurrenceList(APIView):
     @extend_schema(
         parameters=[
             OpenApiParameter("schedule", str, description="schedule id"),
-            OpenApiParameter("state", str, enum=list(Occurrence.State.values)),
+            OpenApiParameter(
+                "state", str, enum=list(Occurrence.State.values), description="any letter case"
+            ),
             OpenApiParameter("from", str, description="scheduled_for >= (ISO 8601)"),
             OpenApiParameter("to", str, description="scheduled_for < (ISO 8601)"),
         ],
-        responses=OccurrenceSerializer(many=True),
+        responses={
+            200: OccurrenceSerializer(many=True),
+            400: OpenApiResponse(
+                ErrorSerializer, description="A bad filter or cursor, or an unknown parameter."
+            ),
+        },
     )
     def get(self, request: Request) -> Response:
+        errors = unknown_query_params(
+            request, (*OCCURRENCE_FILTER_PARAMS, *OccurrenceCursor.query_params())
+        )
         try:
             filters = parse_occurrence_filter(request.query_params)
         except OccurrenceFilterError as err:
-            raise ValidationError(
-                {name: [message] for name, message in err.errors.items()}
-            ) from None
+            errors = {**{name: [message] for name, message in err.errors.items()}, **errors}
+        if errors:
+            raise ValidationError(errors)
         queryset = occurrences_filtered(
             tenant=principal_of(request).tenant, filters=filters, only_state=self.only_state
         )

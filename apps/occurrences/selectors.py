@@ -1,18 +1,22 @@
 """Tenant-scoped reads of occurrences and their attempts, and the one parser of the
-occurrence list filters (API, web pages; usable by the admin browser on any queryset)."""
+occurrence list filters (API, web pages; usable by the admin browser on any queryset), and
+the "next run" a schedule shows."""
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
-from django.db.models import OuterRef, QuerySet, Subquery
+from django.conf import settings
+from django.db.models import F, Min, OuterRef, QuerySet, Subquery
 from django.http import Http404, QueryDict
+from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from apps.occurrences.models import Attempt, Lane, Occurrence
+from apps.schedules.models import Schedule
 from apps.tenants.models import Tenant
 
 
@@ -93,6 +97,11 @@ class OccurrenceFilterError(ValueError):
         self.errors = errors
 
 
+# The query parameters of an occurrence list's filters (the API refuses any other but its
+# page cursor and size).
+OCCURRENCE_FILTER_PARAMS: tuple[str, ...] = ("schedule", "state", "from", "to")
+
+
 @dataclass(frozen=True)
 class OccurrenceFilter:
     """What an occurrence list shows: query parameters `schedule`, `state`, `from`, `to`."""
@@ -134,14 +143,20 @@ def _instant(text: str, *, naive_as_utc: bool) -> datetime:
     raise ValueError(f"Must be a date and time like {example}.")
 
 
+def _state_named(text: str) -> Occurrence.State | None:
+    """The state `text` names in any letter case ("succeeded", "SUCCEEDED"), or None."""
+    folded = text.casefold()
+    return next((state for state in Occurrence.State if state.value.casefold() == folded), None)
+
+
 def parse_occurrence_filter(
     params: Mapping[str, str] | QueryDict, *, naive_as_utc: bool = False
 ) -> OccurrenceFilter:
     """The filters of an occurrence list from its query parameters (empty = not filtered).
-    `state` is exactly one of Occurrence.State; `from`/`to` need an offset unless
+    `state` is one of Occurrence.State in any letter case; `from`/`to` need an offset unless
     `naive_as_utc` (the web form's fields are UTC wall-clock time). Raises
     OccurrenceFilterError naming every bad parameter."""
-    text = {name: (params.get(name) or "").strip() for name in ("schedule", "state", "from", "to")}
+    text = {name: (params.get(name) or "").strip() for name in OCCURRENCE_FILTER_PARAMS}
     errors: dict[str, str] = {}
     schedule_id: uuid.UUID | None = None
     if text["schedule"]:
@@ -149,7 +164,8 @@ def parse_occurrence_filter(
             schedule_id = uuid.UUID(text["schedule"])
         except ValueError:
             errors["schedule"] = "Must be a schedule id (UUID)."
-    if text["state"] and text["state"] not in Occurrence.State.values:
+    state = _state_named(text["state"])
+    if text["state"] and state is None:
         errors["state"] = f"Must be one of {', '.join(Occurrence.State.values)}."
     instants: dict[str, datetime] = {}
     for name in ("from", "to"):
@@ -162,7 +178,7 @@ def parse_occurrence_filter(
         raise OccurrenceFilterError(errors)
     return OccurrenceFilter(
         schedule_id=schedule_id,
-        state=Occurrence.State(text["state"]) if text["state"] else None,
+        state=state,
         since=instants.get("from"),
         until=instants.get("to"),
     )
@@ -178,3 +194,47 @@ def occurrences_filtered(
     if only_state is not None:
         queryset = queryset.filter(state=only_state)
     return filters.apply(queryset)
+
+
+# Occurrences that have not run yet and still will: published or not, or waiting to retry.
+PENDING_STATES: tuple[Occurrence.State, ...] = (
+    Occurrence.State.SCHEDULED,
+    Occurrence.State.ENQUEUED,
+    Occurrence.State.RETRY_WAIT,
+)
+
+
+def next_runs_shown(
+    schedules: Iterable[Schedule], *, now: datetime | None = None
+) -> dict[uuid.UUID, datetime | None]:
+    """The "next run" the API and the pages show for each schedule (docs/api.md): None unless
+    ACTIVE; otherwise the earliest instant not yet run — its earliest pending occurrence of the
+    current version, or else its `next_run_at` (the materializer's cursor), whichever comes
+    first. One query for all of them (a list page), bounded to the day partitions of the last
+    TICK_RETRY_DEADLINE_S, the window in which an occurrence can still be in flight
+    (docs/architecture.md, the backstop)."""
+    shown: dict[uuid.UUID, datetime | None] = {}
+    active: list[Schedule] = []
+    for schedule in schedules:
+        if schedule.state == Schedule.State.ACTIVE:
+            active.append(schedule)
+        shown[schedule.id] = None
+    if not active:
+        return shown
+    since = (now or timezone.now()) - timedelta(seconds=settings.TICK_RETRY_DEADLINE_S)
+    pending = dict(
+        Occurrence.objects.filter(
+            tenant_id__in={s.tenant_id for s in active},
+            schedule_id__in=[s.id for s in active],
+            schedule_version=F("schedule__version"),
+            state__in=PENDING_STATES,
+            scheduled_for__gte=since,
+        )
+        .values("schedule_id")
+        .annotate(earliest=Min("scheduled_for"))
+        .values_list("schedule_id", "earliest")
+    )
+    for schedule in active:
+        candidates = [t for t in (pending.get(schedule.id), schedule.next_run_at) if t is not None]
+        shown[schedule.id] = min(candidates, default=None)
+    return shown

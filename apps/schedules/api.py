@@ -39,7 +39,7 @@ from apps.schedules.serializers import (
 )
 from apps.schedules.services import schedule_create, schedule_preview, schedule_preview_saved
 from apps.tenants.authentication import principal_of
-from apps.tenants.pagination import KeysetPagination
+from apps.tenants.pagination import KeysetPagination, unknown_query_params
 from apps.tenants.services import (
     IdempotentResponse,
     idempotency_lookup,
@@ -108,6 +108,16 @@ class TenantView(APIView):
         return super().options(request, *args, **kwargs)
 
 
+def _check_query(
+    request: Request, query: serializers.Serializer[Any], extra: tuple[str, ...] = ()
+) -> None:
+    """Validate the query parameters: the serializer's own and every unknown one reported in
+    one 400."""
+    unknown = unknown_query_params(request, (*query.fields, *extra))
+    if not query.is_valid() or unknown:
+        raise serializers.ValidationError({**query.errors, **unknown})
+
+
 def _lifecycle_response(result: LifecycleResult) -> Response:
     return Response(LifecycleResponseSerializer(result).data)
 
@@ -134,10 +144,11 @@ class ScheduleListCreate(TenantView):
         responses={200: ScheduleSerializer(many=True), **_errors(400, *_COMMON)},
     )
     def get(self, request: Request) -> Response:
-        """List the tenant's schedules, newest first, filtered by state, kind, handler and a
-        case-insensitive name search (`q`, at least 3 characters); cursor pages."""
+        """List the tenant's schedules, newest first, filtered by state and kind (any letter
+        case), handler and a case-insensitive name search (`q`, at least 3 characters); cursor
+        pages. An unknown query parameter is a 400."""
         query = ScheduleListQuerySerializer(data=request.query_params)
-        query.is_valid(raise_exception=True)
+        _check_query(request, query, ScheduleCursor.query_params())
         queryset = schedules_filtered(tenant=principal_of(request).tenant, **query.validated_data)
         paginator = ScheduleCursor()
         page = paginator.paginate_queryset(queryset, request, view=self)
@@ -250,7 +261,7 @@ class SchedulePreview(TenantView):
         """The saved schedule's next fires, UTC and local, with a note for each DST effect."""
         schedule = access_schedule(tenant=principal_of(request).tenant, schedule_id=schedule_id)
         query = PreviewQuerySerializer(data=request.query_params)
-        query.is_valid(raise_exception=True)
+        _check_query(request, query)
         entries = schedule_preview_saved(
             schedule=schedule, count=query.validated_data["count"], now=timezone.now()
         )

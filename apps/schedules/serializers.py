@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import json
+import uuid
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import ValidationError as DjangoValidationError
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
+from rest_framework.fields import SkipField
 
 from apps.occurrences.execution.handlers import PayloadError
 from apps.occurrences.execution.registry import handler_names, handler_spec
+from apps.occurrences.selectors import next_runs_shown
 from apps.schedules import timerules
 from apps.schedules.models import Schedule, ScheduleEvent
 from apps.schedules.services import ScheduleSpec
@@ -107,7 +112,32 @@ class ScheduleCreateSerializer(serializers.Serializer[Any]):
                 errors = {f: ["This field is set by the server."] for f in owned}
                 errors.update({f: ["Unknown field."] for f in sorted(unknown - SERVER_OWNED)})
                 raise serializers.ValidationError(errors)
-        return super().to_internal_value(data)
+        try:
+            return super().to_internal_value(data)
+        except serializers.ValidationError as err:
+            if not isinstance(err.detail, dict) or not isinstance(data, Mapping):
+                raise
+            # DRF skips validate() once any field fails; the definition's rules still judge
+            # the fields that did parse, so one answer names every independent mistake.
+            reported: dict[str, Any] = dict(err.detail)
+            parsed = self._parsed_fields(data, failed=set(reported))
+            for name, messages in self._definition_errors(parsed).items():
+                reported.setdefault(name, messages)
+            raise serializers.ValidationError(reported) from None
+
+    def _parsed_fields(self, data: Mapping[str, Any], *, failed: set[str]) -> dict[str, Any]:
+        """The fields of `data` that parse on their own (with their `validate_<name>`)."""
+        parsed: dict[str, Any] = {}
+        for name, field in self.fields.items():
+            if name in failed or field.read_only:
+                continue
+            try:
+                value = field.run_validation(field.get_value(data))
+                check = getattr(self, f"validate_{name}", None)
+                parsed[name] = check(value) if check is not None else value
+            except (serializers.ValidationError, DjangoValidationError, SkipField):
+                continue
+        return parsed
 
     def validate_handler(self, value: str) -> str:
         if value not in handler_names():
@@ -127,55 +157,85 @@ class ScheduleCreateSerializer(serializers.Serializer[Any]):
         return value
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        errors = self._definition_errors(attrs)
+        if errors:
+            raise serializers.ValidationError(errors)
+        return attrs
+
+    def _definition_errors(self, attrs: dict[str, Any]) -> dict[str, list[str]]:
+        """The rules across fields, each judged when the fields it reads are in `attrs`; all
+        of them report (a bad expression and a bad time zone are both named). A one-shot's
+        run_at is resolved to UTC in `attrs`."""
+        errors: dict[str, list[str]] = {}
+
+        def add(field: str, message: str) -> None:
+            errors.setdefault(field, []).append(message)
+
+        zone_ok = "time_zone" in attrs
         try:
-            timerules.validate_zone(attrs["time_zone"])
-            timerules.validate_bounds(attrs["start_at"], attrs["end_at"])
-            if attrs["kind"] == "cron":
-                if attrs["run_at"] is not None:
-                    raise timerules.TimeRuleError("run_at", "A cron schedule takes no run_at.")
-                timerules.validate(attrs["expression"], attrs["time_zone"])
-            else:
-                if attrs["expression"]:
-                    raise timerules.TimeRuleError(
-                        "expression", "A one-shot schedule takes run_at, not an expression."
-                    )
-                if attrs["run_at"] is None:
-                    raise timerules.TimeRuleError("run_at", "A one-shot schedule needs run_at.")
-                attrs["run_at"] = timerules.resolve_one_shot(
-                    attrs["run_at"],
-                    attrs["time_zone"],
-                    dst_gap=attrs["dst_gap"],
-                    dst_fold=attrs["dst_fold"],
-                )
-                late = timezone.now() - attrs["run_at"]
-                # An update that keeps a one-shot's instant is not asking to schedule the past.
-                unchanged = attrs["run_at"] == self.context.get("current_run_at")
-                if not unchanged and late > timedelta(seconds=attrs["max_lateness_s"]):
-                    raise timerules.TimeRuleError(
-                        "run_at",
-                        f"run_at is {int(late.total_seconds())} s in the past, beyond "
-                        f"max_lateness_s ({attrs['max_lateness_s']}).",
-                    )
+            if zone_ok:
+                timerules.validate_zone(attrs["time_zone"])
         except timerules.TimeRuleError as err:
-            raise serializers.ValidationError({err.field: [err.message]}) from None
+            zone_ok = False
+            add(err.field, err.message)
+        try:
+            if "start_at" in attrs and "end_at" in attrs:
+                timerules.validate_bounds(attrs["start_at"], attrs["end_at"])
+        except timerules.TimeRuleError as err:
+            add(err.field, err.message)
+        kind = KIND_IN.get(attrs.get("kind", ""))
+        if kind == Schedule.Kind.CRON:
+            if attrs.get("run_at") is not None:
+                add("run_at", "A cron schedule takes no run_at.")
+            try:
+                if "expression" in attrs:
+                    timerules.validate_expression(attrs["expression"])
+            except timerules.TimeRuleError as err:
+                add(err.field, err.message)
+        elif kind == Schedule.Kind.ONE_SHOT:
+            if attrs.get("expression"):
+                add("expression", "A one-shot schedule takes run_at, not an expression.")
+            if "run_at" in attrs and attrs["run_at"] is None:
+                add("run_at", "A one-shot schedule needs run_at.")
+            elif "run_at" in attrs and zone_ok and "dst_gap" in attrs and "dst_fold" in attrs:
+                try:
+                    self._resolve_run_at(attrs)
+                except timerules.TimeRuleError as err:
+                    add(err.field, err.message)
         if (
-            attrs["precision"] == Schedule.Precision.FLEXIBLE.lower()
-            and attrs["flexible_window_s"] == 0
+            attrs.get("precision") == Schedule.Precision.FLEXIBLE.lower()
+            and attrs.get("flexible_window_s") == 0
         ):
-            raise serializers.ValidationError(
-                {"flexible_window_s": ["A flexible schedule needs a window of 1 to 300 s."]}
-            )
+            add("flexible_window_s", "A flexible schedule needs a window of 1 to 300 s.")
         # Each handler's own payload rules (execution/registry.py); validate_handler has
         # already refused a name that is not there.
-        spec = handler_spec(attrs["handler"])
+        spec = handler_spec(attrs["handler"]) if "handler" in attrs else None
         try:
-            if spec is not None:
+            if spec is not None and "payload" in attrs:
                 spec.validate_payload(attrs["payload"])
         except PayloadError as err:
-            raise serializers.ValidationError(
-                {"payload": [f"{err.field}: {err.message}"]}
-            ) from None
-        return attrs
+            add("payload", f"{err.field}: {err.message}")
+        return errors
+
+    def _resolve_run_at(self, attrs: dict[str, Any]) -> None:
+        """A one-shot's run_at in UTC, refused if already later than max_lateness_s allows."""
+        attrs["run_at"] = timerules.resolve_one_shot(
+            attrs["run_at"],
+            attrs["time_zone"],
+            dst_gap=attrs["dst_gap"],
+            dst_fold=attrs["dst_fold"],
+        )
+        if "max_lateness_s" not in attrs:
+            return
+        late = timezone.now() - attrs["run_at"]
+        # An update that keeps a one-shot's instant is not asking to schedule the past.
+        unchanged = attrs["run_at"] == self.context.get("current_run_at")
+        if not unchanged and late > timedelta(seconds=attrs["max_lateness_s"]):
+            raise timerules.TimeRuleError(
+                "run_at",
+                f"run_at is {int(late.total_seconds())} s in the past, beyond "
+                f"max_lateness_s ({attrs['max_lateness_s']}).",
+            )
 
     def to_spec(self) -> ScheduleSpec:
         data = self.validated_data
@@ -201,15 +261,30 @@ class ScheduleCreateSerializer(serializers.Serializer[Any]):
         )
 
 
+class ScheduleListSerializer(serializers.ListSerializer[Schedule]):
+    """Many schedules: their shown next runs are read in one query for all of them."""
+
+    def to_representation(self, data: Any) -> list[Any]:
+        items = list(data.all() if hasattr(data, "all") else data)
+        if isinstance(self.child, ScheduleSerializer):
+            self.child.next_runs = next_runs_shown(items)
+        return super().to_representation(items)
+
+
 class ScheduleSerializer(serializers.ModelSerializer[Schedule]):
+    # Shown next runs by schedule id, set by ScheduleListSerializer for a whole page.
+    next_runs: dict[uuid.UUID, datetime | None] | None = None
+
     kind = serializers.SerializerMethodField()
     precision = serializers.SerializerMethodField()
     misfire_policy = serializers.SerializerMethodField()
     overlap_policy = serializers.SerializerMethodField()
+    next_run_at = serializers.SerializerMethodField()
     next_fires = serializers.SerializerMethodField()
 
     class Meta:
         model = Schedule
+        list_serializer_class = ScheduleListSerializer
         fields = [
             "id", "name", "kind", "expression", "run_at", "time_zone", "dst_gap", "dst_fold",
             "start_at", "end_at", "precision", "flexible_window_s", "misfire_policy",
@@ -235,19 +310,38 @@ class ScheduleSerializer(serializers.ModelSerializer[Schedule]):
     def get_overlap_policy(self, obj: Schedule) -> str:
         return obj.overlap_policy.lower()
 
+    @extend_schema_field(
+        serializers.DateTimeField(
+            allow_null=True,
+            help_text=(
+                "The earliest instant of the schedule not yet run: its earliest pending "
+                "occurrence (scheduled, enqueued or waiting to retry) or the first instant not "
+                "yet materialized, whichever comes first. null unless the schedule is active."
+            ),
+        )
+    )
+    def get_next_run_at(self, obj: Schedule) -> str | None:
+        # The shown value, not the stored cursor of the same name (docs/api.md).
+        if self.next_runs is not None and obj.id in self.next_runs:
+            value = self.next_runs[obj.id]
+        else:
+            value = next_runs_shown([obj])[obj.id]
+        return None if value is None else serializers.DateTimeField().to_representation(value)
+
     def get_next_fires(self, obj: Schedule) -> list[str]:
-        """The next five instants (UTC) the schedule will fire, from its next_run_at."""
+        """The next five instants (UTC) the rule fires that are not yet materialized; empty
+        unless the schedule is active."""
         if obj.next_run_at is None or obj.state != Schedule.State.ACTIVE:
             return []
         if obj.kind == Schedule.Kind.ONE_SHOT:
-            return [obj.next_run_at.isoformat()]
+            return [timerules.instant_text(obj.next_run_at)]
         fires = [obj.next_run_at] + timerules.next_fire_times(
             obj.expression, obj.time_zone, obj.next_run_at, 4,
             dst_gap=obj.dst_gap, dst_fold=obj.dst_fold,
         )  # fmt: skip
         if obj.end_at is not None:  # bounds are half-open: [start_at, end_at)
             fires = [f for f in fires if f < obj.end_at]
-        return [f.isoformat() for f in fires]
+        return [timerules.instant_text(f) for f in fires]
 
 
 class PreviewQuerySerializer(serializers.Serializer[Any]):
@@ -310,21 +404,31 @@ def update_serializer(schedule: Schedule, data: Any) -> ScheduleCreateSerializer
     return ScheduleCreateSerializer(data=merged, context={"current_run_at": schedule.run_at})
 
 
-class ScheduleListQuerySerializer(serializers.Serializer[Any]):
+class AnyCaseChoiceField(serializers.ChoiceField):
+    """A choice written in any letter case ("paused", "PAUSED"): query filters name enum
+    members, and their case carries no meaning (docs/api.md)."""
+
     def to_internal_value(self, data: Any) -> Any:
-        # States are matched case-insensitively ("paused" or "PAUSED").
-        if hasattr(data, "dict"):
-            data = data.dict()
-        if isinstance(data.get("state"), str):
-            data = {**data, "state": data["state"].upper()}
+        if isinstance(data, str):
+            for text, value in self.choice_strings_to_values.items():
+                if text.casefold() == data.casefold():
+                    return value
         return super().to_internal_value(data)
 
-    state = serializers.ChoiceField(choices=Schedule.State.choices, required=False)
-    kind = serializers.ChoiceField(choices=list(KIND_IN), required=False)
+
+class ScheduleListQuerySerializer(serializers.Serializer[Any]):
+    state = AnyCaseChoiceField(choices=Schedule.State.choices, required=False)
+    kind = AnyCaseChoiceField(choices=list(KIND_IN), required=False)
     handler = serializers.CharField(max_length=100, required=False)
     # Case-insensitive substring of the name, served by a trigram index; two characters or
     # fewer would match nearly everything and make the index useless.
     q = serializers.CharField(min_length=3, max_length=200, required=False)
+
+    def validate_state(self, value: str) -> Schedule.State:
+        return Schedule.State(value)
+
+    def validate_kind(self, value: str) -> Schedule.Kind:
+        return KIND_IN[value]
 
 
 class NotRecalledSerializer(serializers.Serializer[Any]):

@@ -55,6 +55,7 @@ __all__ = [
     "describe_zone",
     "fire_times_between",
     "get_zone",
+    "instant_text",
     "next_fire_time",
     "next_fire_times",
     "preview",
@@ -552,6 +553,13 @@ def _to_utc(value: object, field: str) -> datetime:
     return value.astimezone(UTC)
 
 
+def instant_text(instant: datetime) -> str:
+    """An instant as the API writes it: RFC 3339 in UTC with ``Z``, microseconds only when it
+    has a sub-second part (``2026-12-03T06:00:00Z``) — DRF's own output in this project's
+    UTC time zone, so hand-made and serializer timestamps read alike (docs/api.md)."""
+    return instant.astimezone(UTC).isoformat().removesuffix("+00:00") + "Z"
+
+
 def validate_bounds(start_at: datetime | None, end_at: datetime | None) -> None:
     """``start_at``/``end_at`` must be aware; ``end_at`` must be strictly after ``start_at``.
 
@@ -562,8 +570,7 @@ def validate_bounds(start_at: datetime | None, end_at: datetime | None) -> None:
     if start is not None and end is not None and end <= start:
         raise TimeRuleError(
             "end_at",
-            f"end_at ({end:%Y-%m-%d %H:%M:%S} UTC) must be after start_at "
-            f"({start:%Y-%m-%d %H:%M:%S} UTC).",
+            f"end_at ({instant_text(end)}) must be after start_at ({instant_text(start)}).",
         )
 
 
@@ -902,7 +909,7 @@ class PreviewEntry:
 
     def as_dict(self) -> dict[str, object]:
         return {
-            "at_utc": self.at_utc.isoformat().replace("+00:00", "Z"),
+            "at_utc": instant_text(self.at_utc),
             "local_time": self.local_time.isoformat(),
             "local_wall": self.local_wall,
             "utc_offset": self.utc_offset,

@@ -24,7 +24,7 @@ from apps.occurrences.schedule_changes import (
     schedule_resume,
     schedule_update,
 )
-from apps.occurrences.selectors import occurrences_for
+from apps.occurrences.selectors import next_runs_shown, occurrences_for
 from apps.schedules.errors import LifecycleError
 from apps.schedules.forms import (
     ScheduleForm,
@@ -69,8 +69,11 @@ def schedule_list(request: HttpRequest) -> HttpResponse:
         handler=handler or None, q=q or None,
     )  # fmt: skip
     page = web_page(request, queryset, field="created_at", size=PAGE_SIZE)
+    # The API's "next run" (docs/api.md), read for the whole page in one query.
+    next_runs = next_runs_shown(page.rows, now=timezone.now())
     return render(request, "tick/schedule_list.html", {
-        "schedules": page.rows, **page.pager(), "state": state, "kind": kind, "q": q,
+        "schedules": page.rows, "rows": [(s, next_runs[s.id]) for s in page.rows],
+        **page.pager(), "state": state, "kind": kind, "q": q,
         "handler": handler, "errors": errors + ([page.error] if page.error else []),
         "states": Schedule.State.choices, "nav": "schedules",
     })  # fmt: skip
@@ -122,9 +125,13 @@ def _detail(
     now = timezone.now()
     versions = list(ScheduleVersion.objects.filter(schedule=schedule).order_by("version"))
     events = list(ScheduleEvent.objects.filter(schedule=schedule).order_by("-at", "-id")[:100])
+    # Only an active schedule fires: a paused one shows its state, not the instants its
+    # pause canceled (docs/ui.md).
+    active = schedule.state == Schedule.State.ACTIVE
     return render(request, "tick/schedule_detail.html", {
         "schedule": schedule, "versions": _version_changes(versions), "events": events,
-        "preview": schedule_preview_saved(schedule=schedule, count=10, now=now),
+        "next_run": next_runs_shown([schedule], now=now)[schedule.id],
+        "preview": schedule_preview_saved(schedule=schedule, count=10, now=now) if active else [],
         "recent": _recent_occurrences(schedule, now), "receipt": result.receipt if result else None,
         "nav": "schedules",
     }, status=status)  # fmt: skip

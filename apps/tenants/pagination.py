@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from operator import attrgetter
@@ -141,6 +142,11 @@ class KeysetPagination(CursorPagination):
     def get_page_size(self, request: Request) -> int:
         return super().get_page_size(request) or self.page_size
 
+    @classmethod
+    def query_params(cls) -> tuple[str, ...]:
+        """The query parameters a page reads: `cursor` and `page_size`."""
+        return tuple(name for name in (cls.cursor_query_param, cls.page_size_query_param) if name)
+
     def get_next_link(self) -> str | None:
         return self._link(self.keyset.next_cursor)
 
@@ -151,6 +157,15 @@ class KeysetPagination(CursorPagination):
         if cursor is None:
             return None
         return str(replace_query_param(self.list_url, self.cursor_query_param, cursor))
+
+
+def unknown_query_params(request: Request, known: Iterable[str]) -> dict[str, list[str]]:
+    """An error for each query parameter the endpoint does not read, in the shape of a
+    ValidationError's detail: a misspelt filter (`schedule_id` for `schedule`) must not answer
+    an unfiltered list (docs/api.md)."""
+    allowed = sorted(set(known))
+    message = f"Unknown query parameter; this endpoint reads {', '.join(allowed)}."
+    return {name: [message] for name in request.query_params if name not in allowed}
 
 
 WEB_CURSOR = "after"

@@ -45,7 +45,7 @@ def test_parse_takes_a_naive_instant_as_utc_only_when_asked():
 def test_parse_names_every_bad_filter_at_once():
     with pytest.raises(OccurrenceFilterError) as err:
         parse_occurrence_filter(
-            {"schedule": "nope", "state": "dead", "from": "2026-02-30T00:00:00Z", "to": "soon"}
+            {"schedule": "nope", "state": "deceased", "from": "2026-02-30T00:00:00Z", "to": "soon"}
         )
 
     assert err.value.errors == {
@@ -60,7 +60,7 @@ def test_parse_names_every_bad_filter_at_once():
 @pytest.mark.parametrize(
     "query, field",
     [("from=2026-02-30T00:00:00Z", "from"), ("to=2026-03-08T09:30", "to"),
-     ("state=dead", "state"), ("schedule=x", "schedule")],
+     ("state=deceased", "state"), ("schedule=x", "schedule")],
 )  # fmt: skip
 def test_api_answers_400_naming_the_bad_filter(api_a, query, field):
     for path in ("/api/v1/occurrences", "/api/v1/occurrences/dead"):

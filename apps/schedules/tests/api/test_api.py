@@ -33,9 +33,9 @@ def test_create_cron_schedule_returns_version_state_and_next_fires_in_utc(api_a,
     # 09:00 New York is 14:00 UTC before the 2026-03-08 switch and 13:00 UTC after it.
     assert body["next_run_at"] == "2026-03-08T13:00:00Z"
     assert body["next_fires"][:3] == [
-        "2026-03-08T13:00:00+00:00",
-        "2026-03-09T13:00:00+00:00",
-        "2026-03-10T13:00:00+00:00",
+        "2026-03-08T13:00:00Z",
+        "2026-03-09T13:00:00Z",
+        "2026-03-10T13:00:00Z",
     ]
     schedule = Schedule.objects.get(id=body["id"])
     assert schedule.tenant == tenant_a
