@@ -51,7 +51,7 @@ def schedule_list(request: HttpRequest) -> HttpResponse:
     """Newest first, keyset pages on (created_at, id): the API's filters and indexes."""
     params = request.GET
     state = params.get("state", "").upper()
-    kind = params.get("kind", "")
+    kind = params.get("kind", "").lower()  # any case, as the API reads it
     q = params.get("q", "").strip()
     handler = params.get("handler", "").strip()
     errors = []

@@ -47,6 +47,17 @@ def test_list_filters_and_searches(client, alice, tenant_a):
     assert [s.id for s in by_state] == [paused.id]
 
 
+def test_list_filters_by_kind_in_any_case_like_the_api(client, alice, tenant_a):
+    cron = make_schedule(tenant_a, name="every minute")
+    client.force_login(alice)
+
+    for spelled in ("cron", "CRON", "Cron"):
+        response = client.get("/schedules/", {"kind": spelled})
+        assert response.context["errors"] == []
+        assert [s.id for s in response.context["schedules"]] == [cron.id]
+    assert client.get("/schedules/", {"kind": "ONE_SHOT"}).context["schedules"] == []
+
+
 def test_list_pages_by_keyset(client, alice, tenant_a):
     made = [make_schedule(tenant_a, name=f"job {i:02d}") for i in range(30)]
     client.force_login(alice)
