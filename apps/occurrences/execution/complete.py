@@ -21,9 +21,8 @@ d. A QUEUE_ONE completion then takes the SCHEDULE advisory lock — the one ever
 from __future__ import annotations
 
 import random
-import uuid
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -40,6 +39,13 @@ from apps.occurrences.execution.handlers import (
 )
 from apps.occurrences.execution.locks import SCHEDULE_LOCK, advisory_lock, overlap_lookback
 from apps.occurrences.execution.requeue import OutboxTarget, requeue_through_outbox
+from apps.occurrences.execution.retry_bounds import (
+    attempts_refusal,
+    budget_refusal,
+    deadline_refusal,
+    refused_label,
+    spend_retry_budget,
+)
 from apps.occurrences.models import Attempt, Occurrence
 from apps.occurrences.observability import metrics
 from apps.schedules.models import Schedule
@@ -133,7 +139,7 @@ def _decide(
         return _Decision(outcome, state, error_class, error_message)
     refused, retry_at = _retry_decision(cursor, claim=claim, error=error, now=now, rng=rng)
     if refused:
-        metrics.retries_refused.labels(reason=refused.split(" ")[0]).inc()
+        metrics.retries_refused.labels(reason=refused_label(refused)).inc()
         message = f"{error_message[:3900]} [not retried: {refused}]"
         outcome = Attempt.Outcome.TIMED_OUT if timed_out else Attempt.Outcome.FAILED
         return _Decision(outcome, Occurrence.State.DEAD, error_class, message)
@@ -203,7 +209,7 @@ def _retry_decision(
     ctx = claim.context
     attempts = ctx.attempt_no - claim.attempt_base
     if attempts >= settings.TICK_MAX_ATTEMPTS:
-        return f"attempts exhausted ({attempts} of {settings.TICK_MAX_ATTEMPTS})", None
+        return attempts_refusal(attempts, settings.TICK_MAX_ATTEMPTS), None
     delay = retry_delay(
         attempts, base_s=settings.TICK_RETRY_BASE_S, cap_s=settings.TICK_RETRY_CAP_S, rng=rng
     )
@@ -212,33 +218,12 @@ def _retry_decision(
         now + timedelta(seconds=delay), requested_retry_at(error, now=now, deadline=deadline)
     )
     if retry_at > deadline:
-        return f"deadline {deadline.isoformat()} passed", None
-    if not _spend_retry_budget(
+        return deadline_refusal(deadline), None
+    if not spend_retry_budget(
         cursor, tenant_id=ctx.tenant_id, limit=claim.retry_budget_per_hour, now=now
     ):
-        return f"budget of {claim.retry_budget_per_hour} retries/hour spent", None
+        return budget_refusal(claim.retry_budget_per_hour), None
     return "", retry_at
-
-
-def _spend_retry_budget(
-    cursor: CursorWrapper, *, tenant_id: uuid.UUID, limit: int, now: datetime
-) -> bool:
-    """Take one retry from the tenant's budget of the current UTC hour; False when spent.
-    The conditional upsert is atomic: concurrent completions never overspend."""
-    if limit <= 0:
-        return False
-    window = now.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
-    cursor.execute(
-        """
-        INSERT INTO occurrences_retrybudget (tenant_id, window_start, used) VALUES (%s, %s, 1)
-        ON CONFLICT (tenant_id, window_start)
-        DO UPDATE SET used = occurrences_retrybudget.used + 1
-        WHERE occurrences_retrybudget.used < %s
-        RETURNING used
-        """,
-        [tenant_id, window, limit],
-    )
-    return cursor.fetchone() is not None
 
 
 def _wake_waiting(cursor: CursorWrapper, *, claim: Claim, now: datetime) -> None:

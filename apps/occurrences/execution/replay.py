@@ -6,7 +6,8 @@ outbox rows of exactly the rows it changed. The row lock of that UPDATE decides 
 second replay finds the occurrence no longer DEAD and reports it `not_dead`, so one replay
 yields one outbox row. The occurrence keeps its id and goes back to RETRY_WAIT with a fresh
 attempt budget (`attempt_base`) and deadline; from there it is claimed like any retry
-(claim.py).
+(claim.py). A replay is a person's decision and does not spend the tenant's hourly retry
+budget (retry_bounds.py); the retries after it do.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ from datetime import datetime, timedelta
 import pytest
 from django.db import connection
 from django.utils import timezone
+from prometheus_client import REGISTRY
 
 from apps.occurrences.execution.cancel import CancelOutcome, occurrence_cancel
 from apps.occurrences.execution.claim import Claim, ClaimStatus, occurrence_claim
@@ -268,6 +269,39 @@ def test_tenant_retry_budget_bounds_retries(tenant_a):
         "budget of 2 retries/hour spent"
         in Attempt.objects.get(occurrence_id=occs[2].id).error_message
     )
+
+
+def _refused(reason: str) -> float:
+    return REGISTRY.get_sample_value("tick_retries_refused_total", {"reason": reason}) or 0.0
+
+
+@pytest.mark.django_db
+def test_reaper_requeues_spend_the_retry_budget(tenant_a, settings):
+    # given: a tenant with 2 retries an hour and 3 runs whose workers vanished
+    tenant_a.retry_budget_per_hour = 2
+    tenant_a.save(update_fields=["retry_budget_per_hour"])
+    sched = schedule(tenant_a)
+    occs = [occurrence(sched, timezone.now() - timedelta(minutes=m)) for m in (3, 2, 1)]
+    for occ in occs:
+        _claim(occ)
+    refused_before = _refused("budget")
+    later = timezone.now() + timedelta(seconds=settings.TICK_ATTEMPT_LEASE_S + 11)
+
+    # when: the reaper takes their expired leases back
+    result = attempts_reap(now=later, grace_s=10)
+
+    # then: two re-queues spend the budget, the third goes DEAD for the budget, like a retry
+    assert (result.expired, result.requeued, result.dead) == (3, 2, 1)
+    assert [state_of(o) for o in occs] == ["RETRY_WAIT", "RETRY_WAIT", "DEAD"]
+    assert RetryBudget.objects.get(tenant_id=tenant_a.id).used == 2
+    assert DispatchOutbox.objects.filter(occurrence_id__in=[o.id for o in occs]).count() == 2
+    error = Attempt.objects.get(occurrence_id=occs[2].id).error_message
+    assert "[not retried: budget of 2 retries/hour spent]" in error
+    assert _refused("budget") == refused_before + 1
+
+    # and: a failure's retry in the same hour finds the budget spent too
+    occ = occurrence(sched, timezone.now())
+    assert attempt_complete(claim=_claim(occ), error=ConnectionError("reset")) == "DEAD"
 
 
 # --- cancel -----------------------------------------------------------------------------
