@@ -310,3 +310,26 @@ class RetryBudget(models.Model):
 
     def __str__(self) -> str:
         return f"retries of {self.tenant_id} from {self.window_start.isoformat()}: {self.used}"
+
+
+class TenantRateBucket(models.Model):
+    """A tenant's trigger-rate or catch-up-rate token bucket, shared by every relay process
+    (docs/decisions.md "Quotas in the relay"): `pipeline/throttle.py` takes a step's tokens
+    for all tenants of its batch in one upsert. `tokens` may be negative: tokens reserved
+    for deferred rows."""
+
+    tenant_id = models.UUIDField()
+    kind = models.CharField(max_length=16)  # metrics.ThrottledBy
+    rate = models.FloatField()
+    tokens = models.FloatField()
+    stamp = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant_id", "kind"], name="rate_bucket_tenant_kind_uniq"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} bucket of {self.tenant_id}: {self.tokens:.1f}/{self.rate:g}"

@@ -311,18 +311,19 @@ def _apply_quotas(
     cursor: CursorWrapper, rows: list[OutboxRow], throttle: TenantThrottle, result: RelayResult
 ) -> list[OutboxRow]:
     """Keep the rows each tenant's quota allows now; defer the others' outbox rows to the
-    instant their tenant's bucket allows them (nothing is dropped)."""
+    instant their tenant's bucket allows them (nothing is dropped). The buckets are shared
+    by all relays: one statement for the whole batch (throttle.py)."""
     allowed: list[OutboxRow] = []
     deferred_ids: list[str] = []
     deferred_at: list[str] = []
-    now = timezone.now()
-    for row in sorted(rows, key=lambda r: r.available_at):
-        delay = throttle.delay_for(row.id, row.tenant_id, row.lane)
-        if delay <= 0:
+    ordered = sorted(rows, key=lambda r: r.available_at)
+    releases = throttle.deferrals(ordered)
+    for row, release in zip(ordered, releases, strict=True):
+        if release is None:
             allowed.append(row)
         else:
             deferred_ids.append(str(row.id))
-            deferred_at.append(max(row.available_at, now + timedelta(seconds=delay)).isoformat())
+            deferred_at.append(release.isoformat())
     if deferred_ids:
         cursor.execute(_DEFER, [array_literal(deferred_ids), array_literal(deferred_at)])
         result.deferred = len(deferred_ids)

@@ -62,4 +62,8 @@ class Command(LoopCommand):
             return result.published + result.failed
 
         # Record what was confirmed while the shards are still ours.
-        return LoopWork(unit, leases=leases, before_release=recorder.stop, close=publisher.close)
+        def close() -> None:
+            publisher.close()
+            throttle.close()
+
+        return LoopWork(unit, leases=leases, before_release=recorder.stop, close=close)
