@@ -32,7 +32,11 @@ from apps.occurrences.models import Lane, Occurrence, ShardLease, occurrence_id_
 from apps.occurrences.observability import metrics
 from apps.occurrences.pipeline.bulk import array_literal
 from apps.occurrences.pipeline.leases import LeaseSet
-from apps.occurrences.pipeline.partitions import partitions_ensure, partitions_missing
+from apps.occurrences.pipeline.partitions import (
+    partition_name,
+    partitions_ensure,
+    partitions_missing,
+)
 from apps.schedules import timerules
 from apps.schedules.models import Schedule, ScheduleEvent
 
@@ -377,13 +381,9 @@ class _BatchWrites:
         advance["state"].append(state)
         if plan.missed_total:
             self.result.missed += plan.missed_total
-            self.events.append(_event(row, ScheduleEvent.Kind.MISSED, self.now, {
-                "policy": row.misfire_policy,
-                "recorded": [m.isoformat() for m in plan.missed],
-                "missed_count": plan.missed_total,
-                "count_exact": plan.missed_exact,
-                "first_pending": row.next_run_at.isoformat(),
-            }))  # fmt: skip
+            self.events.append(
+                _event(row, ScheduleEvent.Kind.MISSED, self.now, _missed_detail(row, plan))
+            )
         if state == Schedule.State.COMPLETED:
             self.result.completed += 1
             self.events.append(_event(row, ScheduleEvent.Kind.COMPLETED, self.now, {}))
@@ -426,6 +426,18 @@ class _TextCache:
         return {value.astimezone(UTC).date() for value in self._text if value is not None}
 
 
+def _missed_detail(row: _Row, plan: _Plan) -> dict[str, Any]:
+    """A `missed` event's detail; the audit reads `count_exact`, `first_pending` and
+    `recorded` (older instants than the recorded ones were counted, not stored)."""
+    return {
+        "policy": row.misfire_policy,
+        "recorded": [m.isoformat() for m in plan.missed],
+        "missed_count": plan.missed_total,
+        "count_exact": plan.missed_exact,
+        "first_pending": row.next_run_at.isoformat(),
+    }
+
+
 def _event(row: _Row, kind: str, now: datetime, detail: dict[str, Any]) -> ScheduleEvent:
     return ScheduleEvent(
         schedule_id=row.id,
@@ -447,3 +459,75 @@ def materialize_pass(*, leases: LeaseSet, now: datetime, config: MaterializeConf
         total += batch
         if batch.schedules < config.batch_size:
             return total
+
+
+# ---------------------------------------------------------------------------------------------
+# An update's boundary (docs/decisions.md "Lifecycle API", "An update commits a boundary")
+# ---------------------------------------------------------------------------------------------
+
+# Which of the given days have an occurrence partition: instants on a day without one (dropped
+# by retention, never created) are counted in the `missed` event instead of stored. A catalog
+# probe, no DDL: this runs inside a lifecycle transaction.
+_DAYS_WITH_PARTITION = """
+    SELECT p.day FROM unnest(%(days)s::date[], %(names)s::text[]) AS p(day, name)
+    WHERE to_regclass(p.name) IS NOT NULL
+"""
+
+
+def missed_before_boundary(
+    *, schedule: Schedule, boundary: datetime, now: datetime, record_limit: int, actor: str
+) -> int:
+    """Record the instants of `schedule`'s current version in [next_run_at, boundary) that no
+    batch materialized - the materializer was behind when an update closed the version at
+    `boundary` - as MISSED: the latest `record_limit` as rows, all of them counted in one
+    `missed` event, bounded whatever the outage, as the materializer records a misfire. No
+    instant of a closing version is fired, whatever its misfire policy: the update supersedes
+    every occurrence of it not yet handed to a worker (the recall, and the claim's version
+    check), so a late fire would only be dropped at claim.
+
+    Runs in the caller's transaction, on the schedule row it locked FOR UPDATE (a batch
+    holding the row committed first, so `next_run_at` is the true frontier). Returns the
+    number of instants recorded or counted.
+    """
+    next_run_at = schedule.next_run_at
+    if schedule.state != Schedule.State.ACTIVE or next_run_at is None or next_run_at >= boundary:
+        return 0
+    row = _Row(
+        schedule.id, schedule.tenant_id, schedule.kind, schedule.expression, schedule.time_zone,
+        schedule.dst_gap, schedule.dst_fold, schedule.version, next_run_at, schedule.precision,
+        schedule.flexible_window_s, schedule.misfire_policy, schedule.max_lateness_s,
+        schedule.catchup_limit, schedule.end_at, schedule.shard,
+    )  # fmt: skip
+    late, complete = _latest_before(row, boundary, record_limit)
+    if not late:
+        return 0
+    with connection.cursor() as cursor:
+        days = sorted({t.astimezone(UTC).date() for t in late})
+        names = [partition_name(Occurrence._meta.db_table, day) for day in days]
+        cursor.execute(_DAYS_WITH_PARTITION, {"days": days, "names": names})
+        stored_days = {found[0] for found in cursor.fetchall()}
+        recorded = [t for t in late if t.astimezone(UTC).date() in stored_days]
+        plan = _Plan(
+            fire=[], missed=recorded,
+            missed_total=len(late) if complete else len(late) + 1,
+            # "exact" promises the audit a row for every counted instant.
+            missed_exact=complete and len(recorded) == len(late),
+            next_run_at=boundary,
+        )  # fmt: skip
+        writes = _BatchWrites(now)
+        writes._add_occurrences(row, plan, str(row.id), str(row.version))
+        if recorded:
+            cursor.execute(_INSERT_OCCURRENCES, {
+                **{k: array_literal(writes.occurrences[k]) for k in _OCCURRENCE_COLUMNS},
+                "now": now,
+                "missed_state": Occurrence.State.MISSED,
+                "scheduled_state": Occurrence.State.SCHEDULED,
+            })  # fmt: skip
+    detail = {**_missed_detail(row, plan), "boundary": boundary.isoformat()}
+    ScheduleEvent.objects.create(
+        schedule_id=row.id, tenant_id=row.tenant_id, kind=ScheduleEvent.Kind.MISSED,
+        version=row.version, actor=actor, at=now, detail=detail,
+    )  # fmt: skip
+    total = plan.missed_total
+    transaction.on_commit(lambda: metrics.occurrences_missed.inc(total))
+    return total
