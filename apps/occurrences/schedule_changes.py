@@ -14,8 +14,11 @@ is locked `FOR UPDATE`:
    holds it FOR SHARE from its outbox read until its last publish, so this waits for a step
    in flight and holds off the next one. Then the outbox rows of the affected occurrences are
    deleted. Rows the relay already recorded are gone (ENQUEUED: reported not recalled); rows
-   published but not yet recorded are invalidated here, and the worker's claim drops their
-   message (version / cancellation re-check). Nothing affected is published after commit.
+   published but not yet recorded are recalled here too, and the worker's claim drops their
+   message (version / cancellation re-check). The relay never publishes a row before its
+   `available_at`, so a deleted row not yet due was never published (receipt: `invalidated`);
+   one already due may have been (receipt: `dropped_at_claim`, docs/decisions.md "Lifecycle
+   API"). Nothing affected is published after commit.
    The relay never locks schedules and this code touches occurrences only after the
    barrier, so the two cannot deadlock.
 3. The occurrences whose outbox row was deleted and that are still SCHEDULED (or RETRY_WAIT,
@@ -23,6 +26,10 @@ is locked `FOR UPDATE`:
    per-row saves.
 4. What could not be recalled (in flight, or at/after the change and already finished) is
    read back for the receipt.
+
+Resume takes back what the last pause canceled and is still in the future (`_RESTORE`): the
+same occurrence ids go CANCELED -> SCHEDULED with a fresh outbox row, in the resume's
+transaction (docs/decisions.md "Lifecycle API").
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ from django.utils import timezone
 
 from apps.occurrences.models import Lane, Occurrence
 from apps.occurrences.pipeline.leases import relay_shard_barrier
+from apps.occurrences.pipeline.materializer import missed_before_boundary
 from apps.schedules.errors import StateConflict
 from apps.schedules.models import Schedule, ScheduleEvent
 from apps.schedules.services import (
@@ -76,16 +84,40 @@ class NotRecalled:
 
 
 @dataclass(frozen=True)
+class Restored:
+    """An occurrence the last pause canceled that resume made SCHEDULED again (same id)."""
+
+    id: uuid.UUID
+    scheduled_for: datetime
+
+
+class Recalled(list[uuid.UUID]):
+    """The occurrences a recall took back (now SUPERSEDED / CANCELED), in instant order.
+    `due` are those whose outbox row was already due when deleted: the relay may have
+    published their message and not recorded it yet, so the worker's claim drops it."""
+
+    def __init__(self, ids: Sequence[uuid.UUID], due: Sequence[uuid.UUID]) -> None:
+        super().__init__(ids)
+        self.due = list(due)
+
+
+@dataclass(frozen=True)
 class Receipt:
     """What a lifecycle change actually did, decided in the transaction that made it."""
 
     action: ScheduleEvent.Kind
     at: datetime
     version: int
+    # Recalled before publication: their message was never published; they never run.
     invalidated: list[uuid.UUID] = field(default_factory=list)
-    # SUPERSEDED (update) or CANCELED (pause, cancel); None when nothing was invalidated.
+    # SUPERSEDED (update) or CANCELED (pause, cancel); None when nothing was recalled.
     invalidated_state: Occurrence.State | None = None
     not_recalled: list[NotRecalled] = field(default_factory=list)
+    # Recalled at or after their publish time: the relay may have published their message
+    # (published, not yet recorded); if it is delivered, the claim drops it: they never run.
+    dropped_at_claim: list[uuid.UUID] = field(default_factory=list)
+    # Resume: the future instants the last pause canceled, scheduled again (same ids).
+    restored: list[Restored] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -96,21 +128,61 @@ class LifecycleResult:
 
 # Steps 2 and 3 in one statement, after `relay_shard_barrier`: rows a relay already published
 # (and deleted) are not in `gone`; rows published but not yet recorded are, and their
-# occurrences are dropped by the worker's claim (version/cancel re-check). `shard` narrows the scan
+# occurrences are dropped by the worker's claim (version/cancel re-check). `due`: the row's
+# publish time had come (`published_by`), so it may be one of those. `shard` narrows the scan
 # to the schedule's shard through outbox_due_idx.
 _RECALL = """
     WITH gone AS (
         DELETE FROM occurrences_dispatchoutbox
         WHERE shard = %(shard)s AND schedule_id = %(schedule)s
           AND schedule_version < %(below)s AND NOT (lane = ANY(%(keep_lanes)s::text[]))
-        RETURNING occurrence_id, scheduled_for
+        RETURNING occurrence_id, scheduled_for,
+                  parked_at IS NULL AND available_at <= %(published_by)s AS due
+    ),
+    recalled AS (
+        SELECT occurrence_id, scheduled_for, bool_or(due) AS due FROM gone GROUP BY 1, 2
     )
     UPDATE occurrences_occurrence o
     SET state = %(to_state)s, finished_at = %(now)s
-    FROM gone
-    WHERE o.id = gone.occurrence_id AND o.scheduled_for = gone.scheduled_for
+    FROM recalled
+    WHERE o.id = recalled.occurrence_id AND o.scheduled_for = recalled.scheduled_for
       AND o.schedule_id = %(schedule)s AND o.state = ANY(%(from_states)s::text[])
-    RETURNING o.id, o.scheduled_for
+    RETURNING o.id, o.scheduled_for, recalled.due
+"""
+
+# The relay publishes a row once its `available_at` has come by the relay host's clock, which
+# may run a little ahead of this one's: a row due this much later counts as maybe published.
+_RELAY_CLOCK_SLACK = timedelta(seconds=1)
+
+# Resume: the current version's occurrences the last pause canceled (`finished_at` is the
+# pause's instant, as its `paused` event's `at`), never published nor tried, whose instant is
+# still ahead, go back to SCHEDULED with a fresh outbox row in one statement. Same ids: a copy
+# of one that the relay did publish would be a duplicate the claim drops, never a second run.
+_RESTORE = """
+    WITH paused AS (
+        SELECT max(at) AS at FROM schedules_scheduleevent
+        WHERE schedule_id = %(schedule)s AND kind = %(paused)s
+    ),
+    back AS (
+        UPDATE occurrences_occurrence o
+        SET state = %(scheduled)s, finished_at = NULL
+        FROM paused
+        WHERE o.schedule_id = %(schedule)s AND o.schedule_version = %(version)s
+          AND o.scheduled_for > %(now)s AND o.state = %(canceled)s
+          AND o.finished_at = paused.at AND o.enqueued_at IS NULL AND o.attempt_count = 0
+          AND o.cancel_requested_at IS NULL
+        RETURNING o.id, o.scheduled_for, o.tenant_id, o.lane, o.available_at
+    ),
+    outbox AS (
+        INSERT INTO occurrences_dispatchoutbox
+            (occurrence_id, scheduled_for, schedule_id, schedule_version, tenant_id, shard,
+             lane, available_at, created_at)
+        SELECT id, scheduled_for, %(schedule)s, %(version)s, tenant_id, %(shard)s, lane,
+               available_at, %(now)s
+        FROM back
+        RETURNING 1
+    )
+    SELECT id, scheduled_for FROM back ORDER BY scheduled_for, id
 """
 
 # Step 4: in flight (may still run), or at/after the change instant and already finished.
@@ -147,18 +219,32 @@ def _recall(
     from_states: Sequence[Occurrence.State],
     to_state: Occurrence.State,
     now: datetime,
-) -> list[uuid.UUID]:
+) -> Recalled:
     # Wait for (and hold off) the relay step in flight on this shard: what is deleted
     # below can then no longer be published after this transaction commits.
     relay_shard_barrier(schedule.shard)
+    # Read after the barrier: a relay step it waited for may have published rows due while
+    # it waited.
+    published_by = timezone.now() + _RELAY_CLOCK_SLACK
     with connection.cursor() as cursor:
         cursor.execute(_RECALL, {
             "shard": schedule.shard, "schedule": schedule.id, "below": below,
             "keep_lanes": _values(keep_lanes), "from_states": _values(from_states),
-            "to_state": str(to_state), "now": now,
+            "to_state": str(to_state), "now": now, "published_by": published_by,
         })  # fmt: skip
         rows = sorted(cursor.fetchall(), key=lambda r: (r[1], r[0]))
-    return [row[0] for row in rows]
+    return Recalled([row[0] for row in rows], [row[0] for row in rows if row[2]])
+
+
+def _restore(*, schedule: Schedule, now: datetime) -> list[Restored]:
+    with connection.cursor() as cursor:
+        cursor.execute(_RESTORE, {
+            "schedule": schedule.id, "version": schedule.version, "shard": schedule.shard,
+            "now": now, "paused": str(ScheduleEvent.Kind.PAUSED),
+            "scheduled": str(Occurrence.State.SCHEDULED),
+            "canceled": str(Occurrence.State.CANCELED),
+        })  # fmt: skip
+        return [Restored(*row) for row in cursor.fetchall()]
 
 
 def _not_recalled(*, schedule: Schedule, below: int, now: datetime) -> list[NotRecalled]:
@@ -189,9 +275,13 @@ def _receipt(
     invalidated_state: Occurrence.State,
     not_recalled: list[NotRecalled],
 ) -> Receipt:
+    # A recall's own result says which it may have published late (`Recalled.due`): those
+    # are listed as dropped at claim, not as recalled before publication.
+    due = invalidated.due if isinstance(invalidated, Recalled) else []
+    dropped = set(due)
     return Receipt(
-        action, now, schedule.version, invalidated,
-        invalidated_state if invalidated else None, not_recalled,
+        action, now, schedule.version, [i for i in invalidated if i not in dropped],
+        invalidated_state if invalidated else None, not_recalled, dropped_at_claim=due,
     )  # fmt: skip
 
 
@@ -213,6 +303,11 @@ def _recall_same_version(
     )  # fmt: skip
     not_recalled = _not_recalled(schedule=schedule, below=below, now=now)
     return _receipt(action, schedule, now, invalidated, canceled, not_recalled)
+
+
+def _recalled_count(receipt: Receipt) -> int:
+    # Events count every occurrence the change recalled, published late or not (as update's).
+    return len(receipt.invalidated) + len(receipt.dropped_at_claim)
 
 
 def _refuse_stale_or_canceled(*, read: Schedule, locked: Schedule) -> None:
@@ -242,7 +337,11 @@ def schedule_update(*, schedule: Schedule, spec: ScheduleSpec, actor: str) -> Li
        SUPERSEDED and their outbox rows go (module docstring); `next_run_at` is the new rule's
        first instant after max(now, latest instant an older version kept), so the new
        version re-fires only instants whose old occurrence was superseded here.
-    4. Close the previous version's interval, open the new one, log `updated`.
+    4. The boundary is `now`: the old version owns the instants before it, the new one those
+       after it. Old instants before it that no batch materialized (the materializer was
+       behind) are recorded MISSED with a `missed` event (`missed_before_boundary`), so none
+       falls between the versions unrecorded.
+    5. Close the previous version's interval at the boundary, open the new one, log `updated`.
     """
     now = timezone.now()
     with transaction.atomic():
@@ -260,11 +359,20 @@ def schedule_update(*, schedule: Schedule, spec: ScheduleSpec, actor: str) -> Li
             to_state=Occurrence.State.SUPERSEDED, now=now,
         )  # fmt: skip
         kept = _latest_kept(schedule=locked, below=below, now=now)
+        next_run_at = next_run_for_new_version(spec=spec, now=now, kept=kept)
+        # The boundary: what the old version owed before `now` and no batch materialized
+        # (the materializer was behind) is recorded MISSED here, not lost between versions;
+        # a late one-shot the new version still fires (its run_at) is the new version's.
+        boundary = min(now, next_run_at) if next_run_at is not None else now
+        missed = missed_before_boundary(
+            schedule=locked, boundary=boundary, now=now,
+            record_limit=settings.TICK_MISSED_RECORD_LIMIT, actor=actor,
+        )  # fmt: skip
         not_recalled = _not_recalled(schedule=locked, below=below, now=now)
         apply_new_version(
-            schedule=locked, spec=spec, changed=changed,
-            next_run_at=next_run_for_new_version(spec=spec, now=now, kept=kept),
+            schedule=locked, spec=spec, changed=changed, next_run_at=next_run_at,
             actor=actor, now=now, invalidated=len(invalidated), not_recalled=len(not_recalled),
+            missed=missed,
         )  # fmt: skip
     receipt = _receipt(
         ScheduleEvent.Kind.UPDATED, locked, now, invalidated, Occurrence.State.SUPERSEDED,
@@ -293,7 +401,7 @@ def schedule_pause(*, schedule: Schedule, actor: str) -> LifecycleResult:
         )  # fmt: skip
         mark_paused(
             schedule=locked, actor=actor, now=now,
-            invalidated=len(receipt.invalidated), not_recalled=len(receipt.not_recalled),
+            invalidated=_recalled_count(receipt), not_recalled=len(receipt.not_recalled),
         )  # fmt: skip
     return LifecycleResult(locked, receipt)
 
@@ -301,18 +409,24 @@ def schedule_pause(*, schedule: Schedule, actor: str) -> LifecycleResult:
 def schedule_resume(*, schedule: Schedule, actor: str) -> LifecycleResult:
     """Make a paused schedule ACTIVE again from its persisted `next_run_at`.
 
-    Instants that passed while paused are older than `now - max_lateness_s` when the
-    materializer finds them, so its misfire policy decides (SKIP: MISSED; FIRE_ONCE: the
-    latest fires; CATCHUP: up to `catchup_limit`), bounded as for any outage. Instants the
-    pause canceled stay canceled (their ids were in the pause receipt): nothing is recalled.
+    Instants never materialized that passed while paused are older than `now -
+    max_lateness_s` when the materializer finds them, so its misfire policy decides (SKIP:
+    MISSED; FIRE_ONCE: the latest fires; CATCHUP: up to `catchup_limit`), bounded as for any
+    outage. Instants the pause canceled (materialized ahead of it) that are still ahead are
+    restored: the same occurrences SCHEDULED again with a fresh outbox row, listed in the
+    receipt (`restored`); those that passed while paused stay CANCELED. No relay barrier: the
+    outbox rows are new, so no relay step can hold them before this commits.
     """
     now = timezone.now()
+    restored: list[Restored] = []
     with transaction.atomic():
         locked = lock_schedule(schedule)
         if locked.state != Schedule.State.ACTIVE:  # resuming an active schedule changes nothing
             _refuse_unless(locked, Schedule.State.PAUSED, "resumed")
-            mark_active(schedule=locked, actor=actor, now=now)
-    return LifecycleResult(locked, Receipt(ScheduleEvent.Kind.RESUMED, now, locked.version))
+            restored = _restore(schedule=locked, now=now)
+            mark_active(schedule=locked, actor=actor, now=now, restored=len(restored))
+    receipt = Receipt(ScheduleEvent.Kind.RESUMED, now, locked.version, restored=restored)
+    return LifecycleResult(locked, receipt)
 
 
 def schedule_cancel(*, schedule: Schedule, actor: str) -> LifecycleResult:
@@ -336,6 +450,6 @@ def schedule_cancel(*, schedule: Schedule, actor: str) -> LifecycleResult:
         )
         mark_canceled(
             schedule=locked, actor=actor, now=now,
-            invalidated=len(receipt.invalidated), not_recalled=len(receipt.not_recalled),
+            invalidated=_recalled_count(receipt), not_recalled=len(receipt.not_recalled),
         )  # fmt: skip
     return LifecycleResult(locked, receipt)

@@ -239,7 +239,9 @@ class ScheduleResume(TenantView):
                                             **_errors(404, 409, *_COMMON)})  # fmt: skip
     def post(self, request: Request, schedule_id: Any) -> Response:
         """Materialize again from the first instant never materialized; instants that passed
-        while paused follow the schedule's misfire policy. Idempotent."""
+        while paused follow the schedule's misfire policy (those the pause canceled stay
+        canceled). Occurrences the pause canceled whose instant is still ahead are scheduled
+        again, same ids (receipt `restored`). Idempotent."""
         return _lifecycle_change(request, schedule_id, schedule_resume)
 
 

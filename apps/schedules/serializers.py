@@ -447,22 +447,49 @@ _RECEIPT_ACTIONS = (
 )
 
 
+class RestoredSerializer(serializers.Serializer[Any]):
+    id = serializers.UUIDField()
+    scheduled_for = serializers.DateTimeField()
+
+
 class ReceiptSerializer(serializers.Serializer[Any]):
     action = serializers.ChoiceField(choices=[str(kind) for kind in _RECEIPT_ACTIONS])
     at = serializers.DateTimeField()
     version = serializers.IntegerField(help_text="The schedule's version after the change.")
     invalidated = serializers.ListField(
         child=serializers.UUIDField(),
-        help_text="Occurrences recalled before publication (their outbox rows removed).",
+        help_text=(
+            "Occurrences recalled before publication (their outbox rows removed before their "
+            "publish time): never delivered, never run."
+        ),
+    )
+    dropped_at_claim = serializers.ListField(
+        child=serializers.UUIDField(),
+        help_text=(
+            "Occurrences recalled at or after their publish time: the relay may already have "
+            "published them (published, not yet recorded). If their message is delivered, "
+            "the worker's claim drops it: delivered at most once, never run."
+        ),
     )
     invalidated_state = serializers.CharField(
-        allow_null=True, help_text="SUPERSEDED (update) or CANCELED (pause, cancel)."
+        allow_null=True,
+        help_text=(
+            "The state of the recalled occurrences (`invalidated` and `dropped_at_claim`): "
+            "SUPERSEDED (update) or CANCELED (pause, cancel)."
+        ),
     )
     not_recalled = NotRecalledSerializer(
         many=True,
         help_text=(
             "Occurrences already enqueued, running or finished that could not be recalled. "
             "A worker still re-checks version and cancellation before running one."
+        ),
+    )
+    restored = RestoredSerializer(
+        many=True,
+        help_text=(
+            "Resume: occurrences the last pause canceled whose instant is still ahead, "
+            "scheduled again with the same ids (each runs once). Empty for other changes."
         ),
     )
 

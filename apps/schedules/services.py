@@ -348,10 +348,12 @@ def apply_new_version(
     now: datetime,
     invalidated: int,
     not_recalled: int,
+    missed: int = 0,
 ) -> None:
     """Write `spec` as the schedule's next version: its state (ACTIVE, COMPLETED, or still
-    PAUSED), the previous version's interval closed, the new one opened, `updated` logged
-    with what the recall did (`invalidated`, `not_recalled` counts)."""
+    PAUSED), the previous version's interval closed at `now` (the boundary), the new one
+    opened there, `updated` logged with what the recall did (`invalidated`, `not_recalled`
+    counts) and `missed`, the old version's instants before the boundary recorded MISSED."""
     state = _state_for_new_version(schedule, next_run_at)
     previous = schedule.version
     schedule.name = spec.name
@@ -367,7 +369,7 @@ def apply_new_version(
     log_event(
         schedule, ScheduleEvent.Kind.UPDATED, actor, now,
         previous_version=previous, changed=changed, next_run_at=_iso(next_run_at),
-        invalidated=invalidated, not_recalled=not_recalled,
+        invalidated=invalidated, not_recalled=not_recalled, missed=missed,
     )  # fmt: skip
 
 
@@ -384,9 +386,10 @@ def mark_paused(
     )  # fmt: skip
 
 
-def mark_active(*, schedule: Schedule, actor: str, now: datetime) -> None:
-    """ACTIVE again from the persisted `next_run_at` (COMPLETED if none remains); `resumed`
-    logged."""
+def mark_active(*, schedule: Schedule, actor: str, now: datetime, restored: int = 0) -> None:
+    """ACTIVE again from the persisted `next_run_at` (COMPLETED if none remains: occurrences
+    already materialized still run, as after any last batch); `resumed` logged with the
+    count of occurrences the pause had canceled and resume `restored`."""
     schedule.state = (
         Schedule.State.ACTIVE if schedule.next_run_at is not None else Schedule.State.COMPLETED
     )
@@ -394,6 +397,7 @@ def mark_active(*, schedule: Schedule, actor: str, now: datetime) -> None:
     log_event(
         schedule, ScheduleEvent.Kind.RESUMED, actor, now,
         next_run_at=_iso(schedule.next_run_at), misfire_policy=schedule.misfire_policy,
+        restored=restored,
     )  # fmt: skip
 
 

@@ -110,6 +110,7 @@ def test_update_supersedes_unpublished_old_occurrences_and_never_refires_a_publi
         "at": "2026-12-02T12:00:30Z",
         "version": 2,
         "invalidated": [str(pending_id)],
+        "dropped_at_claim": [],
         "invalidated_state": "SUPERSEDED",
         "not_recalled": [
             {
@@ -119,6 +120,7 @@ def test_update_supersedes_unpublished_old_occurrences_and_never_refires_a_publi
                 "schedule_version": 1,
             }
         ],
+        "restored": [],
     }
     # 12:01 was produced by v1 and published: v2 starts at 12:02 (re-fires the superseded one)
     assert body["schedule"]["version"] == 2
