@@ -155,6 +155,26 @@ def check_pipeline_windows(app_configs: Apps = None, **kwargs: Any) -> list[Chec
 
 
 @checks.register()
+def check_lease_ttl(app_configs: Apps = None, **kwargs: Any) -> list[CheckMessage]:
+    """The relay renews its shard leases between steps, and one step may wait for its instant
+    up to the look-ahead: a shorter lease expires mid-step, another relay takes the shards,
+    and their rows are published twice (same ids: duplicates, never losses)."""
+    margin_ms = 1000
+    if settings.TICK_LEASE_TTL_S * 1000 > settings.TICK_RELAY_LOOKAHEAD_MS + margin_ms:
+        return []
+    return [
+        checks.Warning(
+            f"TICK_LEASE_TTL_S ({settings.TICK_LEASE_TTL_S} s) is not above "
+            f"TICK_RELAY_LOOKAHEAD_MS ({settings.TICK_RELAY_LOOKAHEAD_MS} ms) + 1 s: a relay "
+            "step waiting for its instant outlives its shard leases, and another relay "
+            "publishes the same rows again.",
+            hint="Keep the lease TTL well above the look-ahead (defaults: 15 s and 5 s).",
+            id="tick.W003",
+        )
+    ]
+
+
+@checks.register()
 def check_fair_share(app_configs: Apps = None, **kwargs: Any) -> list[CheckMessage]:
     """The tenant share of worker slots and the worker presence it is counted over."""
     errors: list[CheckMessage] = []

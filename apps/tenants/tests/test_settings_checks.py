@@ -13,6 +13,7 @@ from django.test import override_settings
 
 from tickweb.checks import (
     check_audit_bounds,
+    check_lease_ttl,
     check_pipeline_windows,
     check_utc,
     check_value_ranges,
@@ -32,7 +33,13 @@ def test_defaults_raise_no_tick_message():
 def test_the_checks_are_registered():
     registered = checks.registry.registry.get_checks()
 
-    for check in (check_utc, check_value_ranges, check_pipeline_windows, check_audit_bounds):
+    for check in (
+        check_utc,
+        check_value_ranges,
+        check_pipeline_windows,
+        check_lease_ttl,
+        check_audit_bounds,
+    ):
         assert check in registered
 
 
@@ -99,6 +106,11 @@ def test_zero_is_allowed_where_only_negatives_are_refused(name):
             check_pipeline_windows, {"TICK_RETENTION_DAYS": 1},
             "TICK_RETRY_DEADLINE_S", 86_401, 86_400, "tick.E008", checks.ERROR,
             id="retention-shorter-than-retry-deadline",
+        ),
+        pytest.param(
+            check_lease_ttl, {"TICK_RELAY_LOOKAHEAD_MS": 5000},
+            "TICK_LEASE_TTL_S", 6, 7, "tick.W003", checks.WARNING,
+            id="lease-ttl-not-beyond-relay-look-ahead",
         ),
         pytest.param(
             check_audit_bounds, {"TICK_RETRY_CAP_S": 600},
