@@ -40,10 +40,10 @@ from apps.occurrences.execution.handlers import (
 from apps.occurrences.execution.locks import SCHEDULE_LOCK, advisory_lock, overlap_lookback
 from apps.occurrences.execution.requeue import OutboxTarget, requeue_through_outbox
 from apps.occurrences.execution.retry_bounds import (
+    Refusal,
     attempts_refusal,
     budget_refusal,
     deadline_refusal,
-    refused_label,
     spend_retry_budget,
 )
 from apps.occurrences.models import Attempt, Occurrence
@@ -138,9 +138,9 @@ def _decide(
         outcome, state = Attempt.Outcome.FAILED, Occurrence.State.DEAD
         return _Decision(outcome, state, error_class, error_message)
     refused, retry_at = _retry_decision(cursor, claim=claim, error=error, now=now, rng=rng)
-    if refused:
-        metrics.retries_refused.labels(reason=refused_label(refused)).inc()
-        message = f"{error_message[:3900]} [not retried: {refused}]"
+    if refused is not None:
+        metrics.retries_refused.labels(reason=refused.reason).inc()
+        message = f"{error_message[:3900]} [not retried: {refused.text}]"
         outcome = Attempt.Outcome.TIMED_OUT if timed_out else Attempt.Outcome.FAILED
         return _Decision(outcome, Occurrence.State.DEAD, error_class, message)
     outcome = Attempt.Outcome.TIMED_OUT if timed_out else Attempt.Outcome.RETRY
@@ -202,8 +202,8 @@ def _retry_decision(
     error: BaseException,
     now: datetime,
     rng: random.Random,
-) -> tuple[str, datetime | None]:
-    """('', retry instant) for a retry, or (reason, None) when a bound refuses it. The
+) -> tuple[Refusal | None, datetime | None]:
+    """(None, retry instant) for a retry, or (refusal, None) when a bound refuses it. The
     instant is the jittered backoff, or later when the target asked for a longer wait."""
     assert claim.context is not None
     ctx = claim.context
@@ -223,7 +223,7 @@ def _retry_decision(
         cursor, tenant_id=ctx.tenant_id, limit=claim.retry_budget_per_hour, now=now
     ):
         return budget_refusal(claim.retry_budget_per_hour), None
-    return "", retry_at
+    return None, retry_at
 
 
 def _wake_waiting(cursor: CursorWrapper, *, claim: Claim, now: datetime) -> None:

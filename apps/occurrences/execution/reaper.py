@@ -32,10 +32,11 @@ from django.db.backends.utils import CursorWrapper
 
 from apps.occurrences.execution.requeue import REQUEUED_TO_OUTBOX
 from apps.occurrences.execution.retry_bounds import (
+    Refusal,
+    RefusalReason,
     attempts_refusal,
     budget_refusal,
     deadline_refusal,
-    refused_label,
     spend_retry_budgets,
 )
 from apps.occurrences.models import Attempt, Lane, Occurrence
@@ -67,7 +68,8 @@ _REAP = (
     """
     WITH judged AS (
         SELECT * FROM unnest(%(ids)s::uuid[], %(scheduled_fors)s::timestamptz[],
-                             %(refusals)s::text[]) AS j(id, scheduled_for, refusal)
+                             %(refusals)s::text[], %(reasons)s::text[])
+            AS j(id, scheduled_for, refusal, reason)
     ),
     expired AS (
         UPDATE occurrences_attempt a
@@ -77,7 +79,7 @@ _REAP = (
                 || CASE WHEN j.refusal = '' THEN '' ELSE ' [not retried: ' || j.refusal || ']' END
         FROM judged j
         WHERE a.id = j.id AND a.scheduled_for = j.scheduled_for
-        RETURNING a.occurrence_id, a.scheduled_for, a.attempt_no, j.refusal
+        RETURNING a.occurrence_id, a.scheduled_for, a.attempt_no, j.refusal, j.reason
     ),
     requeued AS (
         UPDATE occurrences_occurrence o
@@ -87,7 +89,7 @@ _REAP = (
         WHERE o.id = e.occurrence_id AND o.scheduled_for = e.scheduled_for
           AND o.state = %(running)s AND o.attempt_count = e.attempt_no
         RETURNING o.id, o.scheduled_for, o.schedule_id, o.schedule_version, o.tenant_id,
-                  o.state, e.refusal
+                  o.state, e.reason
     ),
     outbox AS ("""
     + REQUEUED_TO_OUTBOX
@@ -96,7 +98,7 @@ _REAP = (
         RETURNING 1
     )
     SELECT (SELECT count(*) FROM expired), (SELECT count(*) FROM outbox),
-           (SELECT array_agg(refusal) FROM requeued WHERE state = %(dead)s)
+           (SELECT array_agg(reason) FROM requeued WHERE state = %(dead)s)
 """
 )
 
@@ -118,10 +120,12 @@ class _Expired(NamedTuple):
     current: bool  # still RUNNING this attempt: re-queued or sent DEAD
 
 
-def _refusals(cursor: CursorWrapper, expired: list[_Expired], now: datetime) -> list[str]:
-    """Per attempt ('' = re-queue): the attempts and the deadline first, then the budget of
+def _refusals(
+    cursor: CursorWrapper, expired: list[_Expired], now: datetime
+) -> list[Refusal | None]:
+    """Per attempt (None = re-queue): the attempts and the deadline first, then the budget of
     its tenant, spent by all re-queues of this pass at once; oldest instants first."""
-    refusals = [""] * len(expired)
+    refusals: list[Refusal | None] = [None] * len(expired)
     candidates: dict[uuid.UUID, list[int]] = defaultdict(list)
     for n, row in enumerate(expired):
         if not row.current:
@@ -171,7 +175,8 @@ def attempts_reap(*, now: datetime, grace_s: int, limit: int = 1000) -> ReapResu
                 {
                     "ids": [e.id for e in expired],
                     "scheduled_fors": [e.scheduled_for for e in expired],
-                    "refusals": refusals,
+                    "refusals": [r.text if r else "" for r in refusals],
+                    "reasons": [r.reason if r else "" for r in refusals],
                     "now": now,
                     "lease_expired": Attempt.Outcome.LEASE_EXPIRED,
                     "running": Occurrence.State.RUNNING,
@@ -193,5 +198,5 @@ def attempts_reap(*, now: datetime, grace_s: int, limit: int = 1000) -> ReapResu
     metrics.retries_scheduled.inc(result.requeued)
     metrics.dead_occurrences.inc(result.dead)
     for reason in dead_reasons:
-        metrics.retries_refused.labels(reason=refused_label(reason)).inc()
+        metrics.retries_refused.labels(reason=RefusalReason(reason)).inc()
     return result

@@ -5,7 +5,7 @@ Every automatic re-run spends the budget: a retry after a failure (complete.py) 
 re-queue after a lost lease (reaper.py). A manual DLQ replay does not (replay.py): it is a
 person's decision, counted in `tick_replays_total`; the retries after it spend it again.
 A refused re-run sends the occurrence DEAD with the reason appended to the attempt's error
-as `[not retried: …]`; `refused_label` is its `tick_retries_refused_total{reason}`.
+as `[not retried: …]`, counted in `tick_retries_refused_total{reason}` by its RefusalReason.
 
 Budget rows are locked in tenant order, after the attempt rows and before the occurrence
 rows (the lock order of complete.py), so completions and reapers never deadlock.
@@ -15,26 +15,37 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
+from enum import StrEnum
 
 from django.db.backends.utils import CursorWrapper
 
 
-def attempts_refusal(attempts: int, max_attempts: int) -> str:
-    return f"attempts exhausted ({attempts} of {max_attempts})"
+class RefusalReason(StrEnum):
+    """Why a re-run was refused: the `reason` label of tick_retries_refused_total."""
+
+    ATTEMPTS = "attempts"
+    DEADLINE = "deadline"
+    BUDGET = "budget"
 
 
-def deadline_refusal(deadline: datetime) -> str:
-    return f"deadline {deadline.isoformat()} passed"
+@dataclass(frozen=True)
+class Refusal:
+    reason: RefusalReason
+    text: str  # appended to the attempt's error as `[not retried: <text>]`
 
 
-def budget_refusal(limit: int) -> str:
-    return f"budget of {limit} retries/hour spent"
+def attempts_refusal(attempts: int, max_attempts: int) -> Refusal:
+    return Refusal(RefusalReason.ATTEMPTS, f"attempts exhausted ({attempts} of {max_attempts})")
 
 
-def refused_label(reason: str) -> str:
-    """The `reason` label of tick_retries_refused_total: attempts | deadline | budget."""
-    return reason.split(" ")[0]
+def deadline_refusal(deadline: datetime) -> Refusal:
+    return Refusal(RefusalReason.DEADLINE, f"deadline {deadline.isoformat()} passed")
+
+
+def budget_refusal(limit: int) -> Refusal:
+    return Refusal(RefusalReason.BUDGET, f"budget of {limit} retries/hour spent")
 
 
 def budget_window(now: datetime) -> datetime:
