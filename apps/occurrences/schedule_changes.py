@@ -46,6 +46,7 @@ from django.utils import timezone
 from apps.occurrences.models import Lane, Occurrence
 from apps.occurrences.pipeline.leases import relay_shard_barrier
 from apps.occurrences.pipeline.materializer import missed_before_boundary
+from apps.occurrences.pipeline.relay import RELAY_CLOCK_SLACK
 from apps.schedules.errors import StateConflict
 from apps.schedules.models import Schedule, ScheduleEvent
 from apps.schedules.services import (
@@ -91,14 +92,18 @@ class Restored:
     scheduled_for: datetime
 
 
-class Recalled(list[uuid.UUID]):
-    """The occurrences a recall took back (now SUPERSEDED / CANCELED), in instant order.
-    `due` are those whose outbox row was already due when deleted: the relay may have
-    published their message and not recorded it yet, so the worker's claim drops it."""
+@dataclass(frozen=True)
+class Recalled:
+    """The occurrences a recall took back (now SUPERSEDED / CANCELED), in instant order:
+    `unpublished` had their outbox row deleted before it was due, so their message was never
+    published; `maybe_published` were already due, so the relay may have published them
+    without recording it yet, and the worker's claim drops such a message."""
 
-    def __init__(self, ids: Sequence[uuid.UUID], due: Sequence[uuid.UUID]) -> None:
-        super().__init__(ids)
-        self.due = list(due)
+    unpublished: list[uuid.UUID]
+    maybe_published: list[uuid.UUID]
+
+    def __len__(self) -> int:
+        return len(self.unpublished) + len(self.maybe_published)
 
 
 @dataclass(frozen=True)
@@ -149,10 +154,6 @@ _RECALL = """
       AND o.schedule_id = %(schedule)s AND o.state = ANY(%(from_states)s::text[])
     RETURNING o.id, o.scheduled_for, recalled.due
 """
-
-# The relay publishes a row once its `available_at` has come by the relay host's clock, which
-# may run a little ahead of this one's: a row due this much later counts as maybe published.
-_RELAY_CLOCK_SLACK = timedelta(seconds=1)
 
 # Resume: the current version's occurrences the last pause canceled (`finished_at` is the
 # pause's instant, as its `paused` event's `at`), never published nor tried, whose instant is
@@ -225,7 +226,7 @@ def _recall(
     relay_shard_barrier(schedule.shard)
     # Read after the barrier: a relay step it waited for may have published rows due while
     # it waited.
-    published_by = timezone.now() + _RELAY_CLOCK_SLACK
+    published_by = timezone.now() + RELAY_CLOCK_SLACK
     with connection.cursor() as cursor:
         cursor.execute(_RECALL, {
             "shard": schedule.shard, "schedule": schedule.id, "below": below,
@@ -233,7 +234,7 @@ def _recall(
             "to_state": str(to_state), "now": now, "published_by": published_by,
         })  # fmt: skip
         rows = sorted(cursor.fetchall(), key=lambda r: (r[1], r[0]))
-    return Recalled([row[0] for row in rows], [row[0] for row in rows if row[2]])
+    return Recalled([r[0] for r in rows if not r[2]], [r[0] for r in rows if r[2]])
 
 
 def _restore(*, schedule: Schedule, now: datetime) -> list[Restored]:
@@ -271,17 +272,14 @@ def _receipt(
     action: ScheduleEvent.Kind,
     schedule: Schedule,
     now: datetime,
-    invalidated: list[uuid.UUID],
-    invalidated_state: Occurrence.State,
+    recalled: Recalled,
+    recalled_state: Occurrence.State,
     not_recalled: list[NotRecalled],
 ) -> Receipt:
-    # A recall's own result says which it may have published late (`Recalled.due`): those
-    # are listed as dropped at claim, not as recalled before publication.
-    due = invalidated.due if isinstance(invalidated, Recalled) else []
-    dropped = set(due)
     return Receipt(
-        action, now, schedule.version, [i for i in invalidated if i not in dropped],
-        invalidated_state if invalidated else None, not_recalled, dropped_at_claim=due,
+        action, now, schedule.version, recalled.unpublished,
+        recalled_state if len(recalled) else None, not_recalled,
+        dropped_at_claim=recalled.maybe_published,
     )  # fmt: skip
 
 
@@ -297,12 +295,12 @@ def _recall_same_version(
     affected, and what is recalled is CANCELED (there is no newer version to supersede it)."""
     below = schedule.version + 1
     canceled = Occurrence.State.CANCELED
-    invalidated = _recall(
+    recalled = _recall(
         schedule=schedule, below=below, keep_lanes=keep_lanes, from_states=from_states,
         to_state=canceled, now=now,
     )  # fmt: skip
     not_recalled = _not_recalled(schedule=schedule, below=below, now=now)
-    return _receipt(action, schedule, now, invalidated, canceled, not_recalled)
+    return _receipt(action, schedule, now, recalled, canceled, not_recalled)
 
 
 def _recalled_count(receipt: Receipt) -> int:
@@ -354,7 +352,7 @@ def schedule_update(*, schedule: Schedule, spec: ScheduleSpec, actor: str) -> Li
 
         check_tenant_limits(schedule=locked, spec=spec, changed=changed)
         below = locked.version + 1
-        invalidated = _recall(
+        recalled = _recall(
             schedule=locked, below=below, keep_lanes=[], from_states=_PENDING,
             to_state=Occurrence.State.SUPERSEDED, now=now,
         )  # fmt: skip
@@ -371,11 +369,11 @@ def schedule_update(*, schedule: Schedule, spec: ScheduleSpec, actor: str) -> Li
         not_recalled = _not_recalled(schedule=locked, below=below, now=now)
         apply_new_version(
             schedule=locked, spec=spec, changed=changed, next_run_at=next_run_at,
-            actor=actor, now=now, invalidated=len(invalidated), not_recalled=len(not_recalled),
+            actor=actor, now=now, invalidated=len(recalled), not_recalled=len(not_recalled),
             missed=missed,
         )  # fmt: skip
     receipt = _receipt(
-        ScheduleEvent.Kind.UPDATED, locked, now, invalidated, Occurrence.State.SUPERSEDED,
+        ScheduleEvent.Kind.UPDATED, locked, now, recalled, Occurrence.State.SUPERSEDED,
         not_recalled,
     )  # fmt: skip
     return LifecycleResult(locked, receipt)

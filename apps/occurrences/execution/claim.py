@@ -57,6 +57,7 @@ from apps.occurrences.execution.registry import handler_spec
 from apps.occurrences.execution.requeue import OutboxTarget, requeue_through_outbox
 from apps.occurrences.models import Attempt, Occurrence
 from apps.occurrences.observability import metrics
+from apps.occurrences.pipeline.relay import RELAY_CLOCK_SLACK
 from apps.schedules.models import Schedule
 
 CLAIMABLE = (
@@ -67,9 +68,6 @@ CLAIMABLE = (
 )
 
 _rng = random.SystemRandom()
-# A retry row counts as due this much before its instant: the relay publishes it by its own
-# clock, which may run a little ahead of this worker's.
-_RELAY_CLOCK_SLACK = timedelta(seconds=1)
 
 
 class ClaimStatus(StrEnum):
@@ -226,7 +224,7 @@ def _timed_out_retry_pending(cursor: CursorWrapper, row: _ClaimRow, now: datetim
     )  # fmt: skip
     found = cursor.fetchone()
     earliest = found[0] if found else None
-    return earliest is not None and earliest > now + _RELAY_CLOCK_SLACK
+    return earliest is not None and earliest > now + RELAY_CLOCK_SLACK
 
 
 def _timeout_of(row: _ClaimRow) -> int:

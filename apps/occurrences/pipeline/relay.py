@@ -57,6 +57,12 @@ from apps.occurrences.pipeline.throttle import TenantThrottle
 log = logging.getLogger(__name__)
 
 
+# The relay publishes a row once its `available_at` has come by its own host's clock, which
+# may run a little ahead of another process's: a row due within this may already be
+# published (schedule changes' receipts; the claim's check for a reclaimed attempt's copy).
+RELAY_CLOCK_SLACK = timedelta(seconds=1)
+
+
 @dataclass(frozen=True)
 class RelayConfig:
     lookahead_ms: int
