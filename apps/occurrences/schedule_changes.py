@@ -15,7 +15,7 @@ is locked `FOR UPDATE`:
    in flight and holds off the next one. Then the outbox rows of the affected occurrences are
    deleted. Rows the relay already recorded are gone (ENQUEUED: reported not recalled); rows
    published but not yet recorded are recalled here too, and the worker's claim drops their
-   message (version / cancellation re-check). The relay never publishes a row before its
+   message (their state is no longer claimable). The relay never publishes a row before its
    `available_at`, so a deleted row not yet due was never published (receipt: `invalidated`);
    one already due may have been (receipt: `dropped_at_claim`, docs/decisions.md "Lifecycle
    API"). Nothing affected is published after commit.
@@ -45,7 +45,7 @@ from django.utils import timezone
 
 from apps.occurrences.models import Lane, Occurrence
 from apps.occurrences.pipeline.leases import relay_shard_barrier
-from apps.occurrences.pipeline.materializer import missed_before_boundary
+from apps.occurrences.pipeline.materializer import MaterializeConfig, old_version_until_boundary
 from apps.occurrences.pipeline.relay import RELAY_CLOCK_SLACK
 from apps.schedules.errors import StateConflict
 from apps.schedules.models import Schedule, ScheduleEvent
@@ -76,7 +76,8 @@ _DROPPED = (Occurrence.State.SUPERSEDED, Occurrence.State.CANCELED)
 @dataclass(frozen=True)
 class NotRecalled:
     """An affected occurrence already handed to the queue (or run): it cannot be pulled back.
-    The worker's claim still re-checks version and cancellation before the handler runs."""
+    It runs (the new version starts after it); the worker's claim still drops it if the
+    schedule was canceled."""
 
     id: uuid.UUID
     state: str
@@ -133,7 +134,7 @@ class LifecycleResult:
 
 # Steps 2 and 3 in one statement, after `relay_shard_barrier`: rows a relay already published
 # (and deleted) are not in `gone`; rows published but not yet recorded are, and their
-# occurrences are dropped by the worker's claim (version/cancel re-check). `due`: the row's
+# occurrences are dropped by the worker's claim (no longer claimable). `due`: the row's
 # publish time had come (`published_by`), so it may be one of those. `shard` narrows the scan
 # to the schedule's shard through outbox_due_idx.
 _RECALL = """
@@ -337,8 +338,9 @@ def schedule_update(*, schedule: Schedule, spec: ScheduleSpec, actor: str) -> Li
        version re-fires only instants whose old occurrence was superseded here.
     4. The boundary is `now`: the old version owns the instants before it, the new one those
        after it. Old instants before it that no batch materialized (the materializer was
-       behind) are recorded MISSED with a `missed` event (`missed_before_boundary`), so none
-       falls between the versions unrecorded.
+       behind) are produced now as a batch would have (late ones per the misfire policy, the
+       rest MISSED with a `missed` event: `old_version_until_boundary`), so none falls
+       between the versions unrecorded.
     5. Close the previous version's interval at the boundary, open the new one, log `updated`.
     """
     now = timezone.now()
@@ -359,12 +361,12 @@ def schedule_update(*, schedule: Schedule, spec: ScheduleSpec, actor: str) -> Li
         kept = _latest_kept(schedule=locked, below=below, now=now)
         next_run_at = next_run_for_new_version(spec=spec, now=now, kept=kept)
         # The boundary: what the old version owed before `now` and no batch materialized
-        # (the materializer was behind) is recorded MISSED here, not lost between versions;
-        # a late one-shot the new version still fires (its run_at) is the new version's.
+        # (the materializer was behind) is produced or recorded MISSED here, not lost between
+        # versions; a late one-shot the new version still fires (its run_at) is the new one's.
         boundary = min(now, next_run_at) if next_run_at is not None else now
-        missed = missed_before_boundary(
+        missed = old_version_until_boundary(
             schedule=locked, boundary=boundary, now=now,
-            record_limit=settings.TICK_MISSED_RECORD_LIMIT, actor=actor,
+            config=MaterializeConfig.from_settings(), actor=actor,
         )  # fmt: skip
         not_recalled = _not_recalled(schedule=locked, below=below, now=now)
         apply_new_version(

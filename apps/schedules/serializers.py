@@ -482,7 +482,8 @@ class ReceiptSerializer(serializers.Serializer[Any]):
         many=True,
         help_text=(
             "Occurrences already enqueued, running or finished that could not be recalled. "
-            "A worker still re-checks version and cancellation before running one."
+            "An enqueued one still runs (an update's new version starts after it), unless "
+            "the schedule is canceled."
         ),
     )
     restored = RestoredSerializer(

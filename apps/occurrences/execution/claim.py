@@ -2,8 +2,11 @@
 
 Lock story of the claim — it may run concurrently with itself, with completions and with the
 reaper; one transaction, locks in the order of locks.py (row → schedule → tenant):
-a. Lock the occurrence row (FOR UPDATE); re-check its state, the schedule's current version
-   (else SUPERSEDED) and cancellation (else CANCELED). A second delivery blocks on the row
+a. Lock the occurrence row (FOR UPDATE); re-check its state and cancellation (else
+   CANCELED). An occurrence of an older version that is still claimable runs: an update
+   recalled (SUPERSEDED) every one it could, and the new version starts after those it could
+   not (in flight) or produced for the old one up to its boundary (schedule_changes.py), so
+   dropping them here would lose their instants. A second delivery blocks on the row
    lock, then sees RUNNING or a final state and is dropped as a DUPLICATE (counted; the task
    acks, the handler never runs). So is a copy that finds the occurrence RETRY_WAIT after a
    TIMED_OUT attempt, its retry not yet due: the message of the attempt reclaimed at its
@@ -74,7 +77,6 @@ class ClaimStatus(StrEnum):
     CLAIMED = "claimed"
     DUPLICATE = "duplicate"
     NOT_FOUND = "not_found"
-    SUPERSEDED = "superseded"
     CANCELED = "canceled"
     SKIPPED_OVERLAP = "skipped_overlap"
     WAITING = "waiting"  # QUEUE_ONE: parked behind the running one
@@ -98,7 +100,7 @@ class Claim:
 _LOCK_ROW = """
     SELECT o.state, o.schedule_version, o.attempt_count, o.tenant_id,
            o.attempt_base, o.deadline_at, o.cancel_requested_at IS NOT NULL,
-           s.id, s.version, s.state, s.handler, s.payload::text, s.shard,
+           s.id, s.state, s.handler, s.payload::text, s.shard,
            s.overlap_policy, t.max_running, t.retry_budget_per_hour, o.enqueued_at,
            s.timeout_s, t.max_timeout_s
     FROM occurrences_occurrence o
@@ -124,7 +126,6 @@ class _ClaimRow:
     deadline_at: datetime | None
     cancel_requested: bool
     schedule_id: uuid.UUID
-    schedule_version: int
     schedule_state: str
     handler: str
     payload: str
@@ -187,16 +188,14 @@ def occurrence_claim(
 
 
 def _currency_verdict(cursor: CursorWrapper, row: _ClaimRow, now: datetime) -> ClaimStatus | None:
-    """Step a: a finished or running occurrence is a duplicate delivery; a canceled one, or
-    one of an older schedule version, ends here. None = still current."""
+    """Step a: a finished, running or recalled occurrence is a duplicate delivery; a canceled
+    one ends here. None = still current."""
     if row.state not in CLAIMABLE or _timed_out_retry_pending(cursor, row, now):
         metrics.duplicate_claims.inc()
         return ClaimStatus.DUPLICATE
-    canceled = row.schedule_state == Schedule.State.CANCELED or row.cancel_requested
-    if canceled or row.occurrence_version != row.schedule_version:
-        final = Occurrence.State.CANCELED if canceled else Occurrence.State.SUPERSEDED
-        _finish(cursor, row, final, now)
-        return ClaimStatus.CANCELED if canceled else ClaimStatus.SUPERSEDED
+    if row.schedule_state == Schedule.State.CANCELED or row.cancel_requested:
+        _finish(cursor, row, Occurrence.State.CANCELED, now)
+        return ClaimStatus.CANCELED
     return None
 
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import connection, transaction
 from django.db.backends.utils import CursorWrapper
 
@@ -49,6 +50,15 @@ class MaterializeConfig:
     batch_size: int
     max_fires_per_pass: int
     missed_record_limit: int
+
+    @classmethod
+    def from_settings(cls) -> MaterializeConfig:
+        return cls(
+            window_s=settings.TICK_PLANNING_WINDOW_S,
+            batch_size=settings.TICK_MATERIALIZE_BATCH,
+            max_fires_per_pass=settings.TICK_MAX_FIRES_PER_PASS,
+            missed_record_limit=settings.TICK_MISSED_RECORD_LIMIT,
+        )
 
 
 @dataclass
@@ -474,20 +484,22 @@ _DAYS_WITH_PARTITION = """
 """
 
 
-def missed_before_boundary(
-    *, schedule: Schedule, boundary: datetime, now: datetime, record_limit: int, actor: str
+def old_version_until_boundary(
+    *, schedule: Schedule, boundary: datetime, now: datetime, config: MaterializeConfig, actor: str
 ) -> int:
-    """Record the instants of `schedule`'s current version in [next_run_at, boundary) that no
+    """Produce the instants of `schedule`'s current version in [next_run_at, boundary) that no
     batch materialized - the materializer was behind when an update closed the version at
-    `boundary` - as MISSED: the latest `record_limit` as rows, all of them counted in one
-    `missed` event, bounded whatever the outage, as the materializer records a misfire. No
-    instant of a closing version is fired, whatever its misfire policy: the update supersedes
-    every occurrence of it not yet handed to a worker (the recall, and the claim's version
-    check), so a late fire would only be dropped at claim.
+    `boundary` - exactly as a batch at `now` would have: the materializer's own plan
+    (`_plan`, horizon just before the boundary) fires the ones within `max_lateness_s` and,
+    older than that, what the misfire policy fires (FIRE_ONCE the latest, CATCHUP up to its
+    limit); the rest are MISSED (the latest `missed_record_limit` as rows, all counted in one
+    `missed` event). Fired ones are old-version occurrences with an outbox row: the claim runs
+    them as any in-flight occurrence of a closed version (claim.py, step a).
 
     Runs in the caller's transaction, on the schedule row it locked FOR UPDATE (a batch
-    holding the row committed first, so `next_run_at` is the true frontier). Returns the
-    number of instants recorded or counted.
+    holding the row committed first, so `next_run_at` is the true frontier). Instants on a day
+    whose partition is gone are counted MISSED, not stored (no DDL inside an update). Returns
+    the number of instants recorded or counted MISSED.
     """
     next_run_at = schedule.next_run_at
     if schedule.state != Schedule.State.ACTIVE or next_run_at is None or next_run_at >= boundary:
@@ -498,36 +510,39 @@ def missed_before_boundary(
         schedule.flexible_window_s, schedule.misfire_policy, schedule.max_lateness_s,
         schedule.catchup_limit, schedule.end_at, schedule.shard,
     )  # fmt: skip
-    late, complete = _latest_before(row, boundary, record_limit)
-    if not late:
+    plan = _plan(row, now, boundary - ONE_MICROSECOND, config)
+    instants = [instant for instant, _ in plan.fire] + plan.missed
+    if not instants:
         return 0
     with connection.cursor() as cursor:
-        days = sorted({t.astimezone(UTC).date() for t in late})
+        days = sorted({t.astimezone(UTC).date() for t in instants})
         names = [partition_name(Occurrence._meta.db_table, day) for day in days]
         cursor.execute(_DAYS_WITH_PARTITION, {"days": days, "names": names})
         stored_days = {found[0] for found in cursor.fetchall()}
-        recorded = [t for t in late if t.astimezone(UTC).date() in stored_days]
+        fire = [(t, lane) for t, lane in plan.fire if t.astimezone(UTC).date() in stored_days]
+        recorded = [t for t in plan.missed if t.astimezone(UTC).date() in stored_days]
+        unstored = len(plan.fire) - len(fire)
         plan = _Plan(
-            fire=[], missed=recorded,
-            missed_total=len(late) if complete else len(late) + 1,
+            fire=fire, missed=recorded, missed_total=plan.missed_total + unstored,
             # "exact" promises the audit a row for every counted instant.
-            missed_exact=complete and len(recorded) == len(late),
+            missed_exact=plan.missed_exact and len(recorded) == len(plan.missed) and not unstored,
             next_run_at=boundary,
         )  # fmt: skip
         writes = _BatchWrites(now)
         writes._add_occurrences(row, plan, str(row.id), str(row.version))
-        if recorded:
+        if plan.occurrences:
             cursor.execute(_INSERT_OCCURRENCES, {
                 **{k: array_literal(writes.occurrences[k]) for k in _OCCURRENCE_COLUMNS},
                 "now": now,
                 "missed_state": Occurrence.State.MISSED,
                 "scheduled_state": Occurrence.State.SCHEDULED,
             })  # fmt: skip
-    detail = {**_missed_detail(row, plan), "boundary": boundary.isoformat()}
-    ScheduleEvent.objects.create(
-        schedule_id=row.id, tenant_id=row.tenant_id, kind=ScheduleEvent.Kind.MISSED,
-        version=row.version, actor=actor, at=now, detail=detail,
-    )  # fmt: skip
     total = plan.missed_total
-    transaction.on_commit(lambda: metrics.occurrences_missed.inc(total))
+    if total:
+        detail = {**_missed_detail(row, plan), "boundary": boundary.isoformat()}
+        ScheduleEvent.objects.create(
+            schedule_id=row.id, tenant_id=row.tenant_id, kind=ScheduleEvent.Kind.MISSED,
+            version=row.version, actor=actor, at=now, detail=detail,
+        )  # fmt: skip
+        transaction.on_commit(lambda: metrics.occurrences_missed.inc(total))
     return total

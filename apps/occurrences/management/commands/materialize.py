@@ -3,7 +3,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from django.conf import settings
 from django.utils import timezone
 
 from apps.occurrences.management.commands._loop_command import LoopCommand, LoopWork
@@ -22,12 +21,7 @@ class Command(LoopCommand):
 
     def work(self, options: dict[str, Any]) -> LoopWork:
         leases = process_leases(self.role)
-        config = MaterializeConfig(
-            window_s=settings.TICK_PLANNING_WINDOW_S,
-            batch_size=settings.TICK_MATERIALIZE_BATCH,
-            max_fires_per_pass=settings.TICK_MAX_FIRES_PER_PASS,
-            missed_record_limit=settings.TICK_MISSED_RECORD_LIMIT,
-        )
+        config = MaterializeConfig.from_settings()
 
         def unit() -> int:
             result = materialize_pass(leases=leases, now=timezone.now(), config=config)

@@ -1,7 +1,7 @@
-"""An update commits a boundary: every instant of the old version before it is stored (or
-counted) MISSED when the materializer was behind, every instant after it belongs to the new
-version, and the reconciliation audit finds nothing missing (docs/decisions.md, "Lifecycle
-API")."""
+"""An update commits a boundary: every instant of the old version before it that the
+materializer had not reached is produced as a batch would have (late ones per the misfire
+policy) or stored (or counted) MISSED, every instant after it belongs to the new version, and
+the reconciliation audit finds nothing missing (docs/decisions.md, "Lifecycle API")."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ import time_machine
 from django.db import connection
 
 from apps.occurrences.audit.reconcile import FAILING, ReconcileReport, reconcile
-from apps.occurrences.models import DispatchOutbox, Occurrence, occurrence_id_for
+from apps.occurrences.execution.run import occurrence_execute
+from apps.occurrences.models import DispatchOutbox, Lane, Occurrence, occurrence_id_for
 from apps.occurrences.pipeline.partitions import partition_name, partitions_ensure
 from apps.occurrences.schedule_changes import schedule_update
 from apps.schedules.models import Schedule, ScheduleEvent
@@ -70,50 +71,94 @@ def _missed_event(schedule: Schedule) -> dict[str, Any]:
     return dict(event.detail)
 
 
+def _at(minute: int) -> datetime:
+    return DAY + timedelta(hours=12, minutes=minute)
+
+
+# 12:01 … 12:05 never materialized, the update at 12:05:30: 12:05 is within max_lateness_s
+# (60 s) and fires on time; older ones are late and the misfire policy decides.
 @pytest.mark.parametrize(
-    ("policy", "catchup_limit"),
+    ("policy", "catchup_limit", "fired", "missed"),
     [
-        (Schedule.MisfirePolicy.SKIP, 0),
-        (Schedule.MisfirePolicy.FIRE_ONCE, 0),
-        (Schedule.MisfirePolicy.CATCHUP, 3),
+        (Schedule.MisfirePolicy.SKIP, 0, {5: Lane.STRICT}, [1, 2, 3, 4]),
+        (Schedule.MisfirePolicy.FIRE_ONCE, 0, {4: Lane.CATCHUP, 5: Lane.STRICT}, [1, 2, 3]),
+        (
+            Schedule.MisfirePolicy.CATCHUP, 3,
+            {2: Lane.CATCHUP, 3: Lane.CATCHUP, 4: Lane.CATCHUP, 5: Lane.STRICT}, [1],
+        ),
     ],
-)
-def test_update_during_materializer_outage_records_each_old_instant(
-    tenant_a: Tenant, policy: Schedule.MisfirePolicy, catchup_limit: int
+)  # fmt: skip
+def test_update_during_materializer_outage_produces_each_old_instant_per_policy(
+    tenant_a: Tenant,
+    policy: Schedule.MisfirePolicy,
+    catchup_limit: int,
+    fired: dict[int, Lane],
+    missed: list[int],
 ) -> None:
     partitions_ensure({DAY.date()})
     with time_machine.travel(DAY + timedelta(hours=12, seconds=30), tick=False):
         schedule = make_schedule(
             tenant_a, name="report", misfire_policy=policy, catchup_limit=catchup_limit
         )
-    assert schedule.next_run_at == DAY + timedelta(hours=12, minutes=1)  # never materialized
+    assert schedule.next_run_at == _at(1)  # never materialized
 
     updated = _update_at(schedule, UPDATE_AT)
 
-    old_instants = [DAY + timedelta(hours=12, minutes=m) for m in range(1, 6)]
-    assert _old_rows(schedule) == dict.fromkeys(old_instants, Occurrence.State.MISSED)
+    assert _old_rows(schedule) == {
+        **{_at(m): Occurrence.State.SCHEDULED for m in fired},
+        **{_at(m): Occurrence.State.MISSED for m in missed},
+    }
     stored = Occurrence.objects.filter(schedule_id=schedule.pk, schedule_version=1)
     assert sorted(stored.values_list("id", flat=True)) == sorted(
-        occurrence_id_for(schedule.pk, 1, t) for t in old_instants
+        occurrence_id_for(schedule.pk, 1, _at(m)) for m in range(1, 6)
     )
-    # No old instant is fired, whatever the policy: the claim would drop it as SUPERSEDED.
-    assert not DispatchOutbox.objects.filter(schedule_id=schedule.pk).exists()
+    assert dict(stored.filter(state=Occurrence.State.SCHEDULED).values_list(
+        "scheduled_for", "lane"
+    )) == {_at(m): lane for m, lane in fired.items()}  # fmt: skip
+    # The fired ones are published like any occurrence, as the old version's.
+    outbox = DispatchOutbox.objects.filter(schedule_id=schedule.pk)
+    assert sorted(outbox.values_list("scheduled_for", "schedule_version")) == [
+        (_at(m), 1) for m in sorted(fired)
+    ]
     detail = _missed_event(schedule)
-    assert detail["missed_count"] == 5 and detail["count_exact"] is True
+    assert detail["missed_count"] == len(missed) and detail["count_exact"] is True
     assert detail["boundary"] == UPDATE_AT.isoformat()
     update_event = ScheduleEvent.objects.get(
         schedule_id=schedule.pk, kind=ScheduleEvent.Kind.UPDATED
     )
-    assert update_event.detail["missed"] == 5
+    assert update_event.detail["missed"] == len(missed)
     # Every instant after the boundary belongs to the new version, from the next one on.
     assert updated.version == 2
-    assert updated.next_run_at == DAY + timedelta(hours=12, minutes=6)
+    assert updated.next_run_at == _at(6)
 
     report = _audit(DAY + timedelta(hours=11), DAY + timedelta(hours=13))
 
     assert _failing(report) == {}, report.as_json()
-    assert report.counts["missed"] == 5
+    assert report.counts["missed"] == len(missed)
+    assert report.counts["pending"] == len(fired)
     assert report.counts["beyond_frontier"] == 27  # 12:06 … 12:58, every two minutes
+
+
+def test_a_fired_old_instant_runs_after_the_update(tenant_a: Tenant) -> None:
+    # given: an update made while the materializer was behind fired the old version's 12:05
+    partitions_ensure({DAY.date()})
+    with time_machine.travel(DAY + timedelta(hours=12, seconds=30), tick=False):
+        schedule = make_schedule(
+            tenant_a, name="report", misfire_policy=Schedule.MisfirePolicy.SKIP
+        )
+    _update_at(schedule, UPDATE_AT)
+    fired = Occurrence.objects.get(schedule_id=schedule.pk, scheduled_for=_at(5))
+
+    # when: its message reaches a worker
+    with time_machine.travel(UPDATE_AT + timedelta(seconds=1), tick=False):
+        summary = occurrence_execute(
+            occurrence_id=fired.id, scheduled_for=fired.scheduled_for, worker_id="w1"
+        )
+
+    # then: it runs, as the old version's occurrence, once
+    fired.refresh_from_db()
+    assert summary["status"] == Occurrence.State.SUCCEEDED
+    assert fired.state == Occurrence.State.SUCCEEDED and fired.schedule_version == 1
 
 
 def test_long_outage_records_the_latest_and_summarises_the_rest(tenant_a: Tenant) -> None:
@@ -123,10 +168,14 @@ def test_long_outage_records_the_latest_and_summarises_the_rest(tenant_a: Tenant
 
     _update_at(schedule, UPDATE_AT)
 
-    # 10:01 … 12:05 is 125 instants: the latest ten are rows, the rest counted.
+    # 10:01 … 12:05 is 125 instants (FIRE_ONCE, the default): 12:05 fires on time, the
+    # latest late one (12:04) fires once, the ten before it are rows, the rest counted.
     rows = _old_rows(schedule)
-    assert sorted(rows) == [DAY + timedelta(hours=11, minutes=56 + m) for m in range(10)]
-    assert set(rows.values()) == {Occurrence.State.MISSED}
+    assert rows == {
+        **{DAY + timedelta(hours=11, minutes=54 + m): Occurrence.State.MISSED for m in range(10)},
+        _at(4): Occurrence.State.SCHEDULED,
+        _at(5): Occurrence.State.SCHEDULED,
+    }
     detail = _missed_event(schedule)
     assert detail["count_exact"] is False
     assert detail["first_pending"] == (DAY + timedelta(hours=10, minutes=1)).isoformat()
@@ -135,7 +184,8 @@ def test_long_outage_records_the_latest_and_summarises_the_rest(tenant_a: Tenant
 
     assert _failing(report) == {}, report.as_json()
     assert report.counts["missed"] == 10
-    assert report.counts["missed_summarised"] == 115
+    assert report.counts["missed_summarised"] == 113
+    assert report.counts["pending"] == 2
 
 
 def _has_partition(day: date) -> bool:
@@ -156,37 +206,54 @@ def test_instants_on_days_without_a_partition_are_counted_not_stored(tenant_a: T
 
     _update_at(schedule, UPDATE_AT, expression="0 13 * * *")
 
-    assert sorted(_old_rows(schedule)) == [
-        first + timedelta(days=n, hours=12) for n in range(5, 10)
-    ]
+    # FIRE_ONCE: the latest (DAY 12:00) fires; of the nine missed, four have a partition.
+    assert _old_rows(schedule) == {
+        **{first + timedelta(days=n, hours=12): Occurrence.State.MISSED for n in range(5, 9)},
+        DAY + timedelta(hours=12): Occurrence.State.SCHEDULED,
+    }
     detail = _missed_event(schedule)
-    assert detail["missed_count"] == 10 and detail["count_exact"] is False
+    assert detail["missed_count"] == 9 and detail["count_exact"] is False
+    # The relay publishes the fired one (due 5 min ago, so the audit would call it stuck).
+    fired = Occurrence.objects.filter(schedule_id=schedule.pk, state=Occurrence.State.SCHEDULED)
+    assert DispatchOutbox.objects.filter(schedule_id=schedule.pk).delete()[0] == 1
+    fired.update(state=Occurrence.State.ENQUEUED, enqueued_at=UPDATE_AT)
 
     report = _audit(first, DAY + timedelta(days=1))
 
     assert _failing(report) == {}, report.as_json()
-    assert report.counts["missed"] == 5
+    assert report.counts["missed"] == 4
     assert report.counts["missed_summarised"] == 5
+    assert report.counts["pending"] == 1  # ENQUEUED: not finished yet
 
 
-def _one_shot(tenant: Tenant, run_at: datetime) -> Schedule:
+def _one_shot(tenant: Tenant, run_at: datetime, **fields: Any) -> Schedule:
     with time_machine.travel(run_at - timedelta(minutes=1), tick=False):
         return make_schedule(tenant, name="report", kind=Schedule.Kind.ONE_SHOT, expression="",
-                             run_at=run_at)  # fmt: skip
+                             run_at=run_at, **fields)  # fmt: skip
 
 
-def test_moved_one_shot_records_its_old_instant_missed(tenant_a: Tenant) -> None:
+@pytest.mark.parametrize(
+    ("policy", "old_state", "missed_events"),
+    [
+        (Schedule.MisfirePolicy.SKIP, Occurrence.State.MISSED, 1),
+        (Schedule.MisfirePolicy.FIRE_ONCE, Occurrence.State.SCHEDULED, 0),
+    ],
+)
+def test_moved_one_shot_settles_its_late_old_instant_per_policy(
+    tenant_a: Tenant, policy: Schedule.MisfirePolicy, old_state: str, missed_events: int
+) -> None:
     partitions_ensure({DAY.date()})
     old_run = DAY + timedelta(hours=12, minutes=2)
-    schedule = _one_shot(tenant_a, old_run)
+    schedule = _one_shot(tenant_a, old_run, misfire_policy=policy)
 
     updated = _update_at(
         schedule, UPDATE_AT, kind=Schedule.Kind.ONE_SHOT, expression="",
         run_at=DAY + timedelta(hours=13),
     )  # fmt: skip
 
-    assert _old_rows(schedule) == {old_run: Occurrence.State.MISSED}
-    assert _missed_event(schedule)["missed_count"] == 1
+    assert _old_rows(schedule) == {old_run: old_state}
+    missed = ScheduleEvent.objects.filter(schedule_id=schedule.pk, kind=ScheduleEvent.Kind.MISSED)
+    assert missed.count() == missed_events
     assert updated.next_run_at == DAY + timedelta(hours=13)
     report = _audit(DAY + timedelta(hours=11), DAY + timedelta(hours=14))
     assert _failing(report) == {}, report.as_json()

@@ -109,16 +109,36 @@ def test_permanent_failure_goes_dead(tenant_a):
     assert not DispatchOutbox.objects.exists()
 
 
-def test_occurrence_of_an_older_version_is_superseded_not_run(tenant_a):
+def test_occurrence_of_an_older_version_still_in_flight_runs_once(tenant_a):
+    # An update recalls what it can (SUPERSEDED) and starts the new version after what it
+    # could not: an old-version occurrence still claimable is the old version's instant.
     occ = _occurrence(tenant_a)
     Schedule.objects.filter(pk=occ.schedule_id).update(version=2)
 
     summary = occurrence_execute(
         occurrence_id=occ.id, scheduled_for=occ.scheduled_for, worker_id="w1"
     )
+    again = occurrence_execute(
+        occurrence_id=occ.id, scheduled_for=occ.scheduled_for, worker_id="w2"
+    )
 
     occ.refresh_from_db()
-    assert summary["status"] == "superseded"
+    assert summary["status"] == Occurrence.State.SUCCEEDED
+    assert again["status"] == "duplicate"
+    assert occ.state == Occurrence.State.SUCCEEDED and occ.schedule_version == 1
+    assert HandlerEffect.objects.get().deliveries == 1
+
+
+def test_occurrence_an_update_recalled_is_dropped_not_run(tenant_a):
+    occ = _occurrence(tenant_a)
+    Occurrence.objects.filter(pk=occ.pk).update(state=Occurrence.State.SUPERSEDED)
+
+    summary = occurrence_execute(
+        occurrence_id=occ.id, scheduled_for=occ.scheduled_for, worker_id="w1"
+    )
+
+    occ.refresh_from_db()
+    assert summary["status"] == "duplicate"
     assert occ.state == Occurrence.State.SUPERSEDED
     assert not HandlerEffect.objects.exists()
 
