@@ -162,6 +162,8 @@ class ScheduleEvent(models.Model):
         CANCELED = "canceled", "Canceled"
         COMPLETED = "completed", "Completed"
         MISSED = "missed", "Missed (summary)"
+        RUN_NOW = "run_now", "Run now"
+        BACKFILLED = "backfilled", "Backfill"
 
     schedule = models.ForeignKey(Schedule, on_delete=models.CASCADE, related_name="events")
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT)

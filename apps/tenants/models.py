@@ -116,3 +116,44 @@ class ApiKeyRateWindow(models.Model):
 
     def __str__(self) -> str:
         return f"{self.api_key_id} {self.window_start.isoformat()} x{self.count}"
+
+
+class TenantEvent(models.Model):
+    """Append-only audit log of account-level changes (keys, members, settings), with who did it.
+
+    The account's counterpart of the schedules' event log: support actions in the admin and
+    the tenant's own admins write here, and the UI shows it.
+    """
+
+    class Kind(models.TextChoices):
+        API_KEY_CREATED = "api_key_created", "API key created"
+        API_KEY_REVOKED = "api_key_revoked", "API key revoked"
+        API_KEY_EXPIRY_SHORTENED = "api_key_expiry_shortened", "API key expiry shortened"
+        MEMBER_INVITED = "member_invited", "Member invited"
+        INVITATION_RESENT = "invitation_resent", "Invitation re-sent"
+        INVITATION_REVOKED = "invitation_revoked", "Invitation revoked"
+        INVITATION_ACCEPTED = "invitation_accepted", "Invitation accepted"
+        MEMBER_ROLE_CHANGED = "member_role_changed", "Member role changed"
+        MEMBER_REMOVED = "member_removed", "Member removed"
+        PASSWORD_CHANGED = "password_changed", "Password changed"
+        SESSIONS_REVOKED = "sessions_revoked", "Signed out everywhere"
+        SETTINGS_CHANGED = "settings_changed", "Settings changed"
+        SIGNING_SECRET_CREATED = "signing_secret_created", "Signing secret created"
+        SIGNING_SECRET_ROTATED = "signing_secret_rotated", "Signing secret rotated"
+        SIGNING_SECRET_REVOKED = "signing_secret_revoked", "Signing secret revoked"
+        ALERT_CHANNEL_CHANGED = "alert_channel_changed", "Alert channel changed"
+        ALERT_RULE_CHANGED = "alert_rule_changed", "Alert rule changed"
+
+    id = models.BigAutoField(primary_key=True)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="events")
+    kind = models.CharField(max_length=32, choices=Kind.choices)
+    actor = models.CharField(max_length=150)
+    at = models.DateTimeField()
+    detail = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["tenant", "at"], name="tenant_event_at_idx")]
+        ordering = ["tenant", "at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.tenant_id} by {self.actor}"

@@ -19,13 +19,27 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from apps.tenants.errors import IdempotencyConflict
-from apps.tenants.models import ApiKey, IdempotencyKey, Membership, Tenant
+from apps.tenants.models import ApiKey, IdempotencyKey, Membership, Tenant, TenantEvent
 
 KEY_PREFIX = "tick_"
 
 
 def hash_api_key(raw_key: str) -> str:
     return hashlib.sha256(raw_key.encode()).hexdigest()
+
+
+def log_tenant_event(
+    *,
+    tenant: Tenant,
+    kind: TenantEvent.Kind,
+    actor: str,
+    now: datetime | None = None,
+    **detail: Any,
+) -> TenantEvent:
+    """Record `kind` in the tenant's account audit log (docs/security.md: support actions)."""
+    return TenantEvent.objects.create(
+        tenant=tenant, kind=kind, actor=actor, at=now or timezone.now(), detail=detail
+    )
 
 
 def tenant_create(*, slug: str, name: str | None = None) -> Tenant:
