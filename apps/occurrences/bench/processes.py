@@ -87,11 +87,43 @@ def child_pids(parent: int) -> list[int]:
     return children
 
 
+def tree_cpu_s(root: int) -> float:
+    """CPU seconds of a whole process tree: every live process under `root` (itself included)
+    plus everything its processes have reaped. A child that exits moves its time into its
+    parent's cutime/cstime, so the sum only grows, whatever exits between two readings (a
+    PostgreSQL backend per connection, a worker's replaced pool process)."""
+    parents: dict[int, list[int]] = {}
+    for entry in _live_pids():
+        fields = _stat_fields(int(entry.name))
+        if fields:
+            parents.setdefault(int(fields[1]), []).append(int(entry.name))
+    total, stack = 0.0, [root]
+    while stack:
+        pid = stack.pop()
+        total += proc_cpu_s(pid, reaped_children=True)
+        stack.extend(parents.get(pid, ()))
+    return total
+
+
+def service_roots(*names: str) -> list[int]:
+    """The processes named `names` whose parent is not one of them: a PostgreSQL postmaster,
+    a RabbitMQ VM."""
+    named = set(pids_named(*names))
+    roots = []
+    for pid in named:
+        fields = _stat_fields(pid)
+        if fields and int(fields[1]) not in named:
+            roots.append(pid)
+    return roots
+
+
 def services_cpu() -> dict[str, float]:
-    """CPU seconds PostgreSQL and RabbitMQ have used so far (take the difference)."""
+    """CPU seconds PostgreSQL and RabbitMQ have used so far (take the difference): each
+    service's whole process tree, so backends that exit during a run still count
+    (docs/performance.md "How CPU is measured")."""
     return {
-        "postgresql": sum(proc_cpu_s(p) for p in pids_named("postgres", "postmaster")),
-        "rabbitmq": sum(proc_cpu_s(p) for p in pids_named("beam.smp")),
+        "postgresql": sum(tree_cpu_s(p) for p in service_roots("postgres", "postmaster")),
+        "rabbitmq": sum(tree_cpu_s(p) for p in service_roots("beam.smp")),
     }
 
 
