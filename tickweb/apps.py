@@ -1,4 +1,5 @@
 from django.apps import AppConfig
+from django.contrib.admin.apps import AdminConfig
 
 
 class TickwebConfig(AppConfig):
@@ -9,3 +10,10 @@ class TickwebConfig(AppConfig):
 
     def ready(self) -> None:
         from tickweb import checks  # noqa: F401
+
+
+class TickAdminConfig(AdminConfig):
+    """django.contrib.admin whose default site (`admin.site`, also behind every
+    `admin.site.admin_view`) requires a verified TOTP device when TICK_ADMIN_OTP_REQUIRED."""
+
+    default_site = "tickweb.admin_site.TickAdminSite"

@@ -28,6 +28,8 @@ AT_LEAST_ONE = (
     "TICK_RELAY_ENVELOPE_MAX",
     "TICK_MAX_ATTEMPTS",
     "TICK_RETENTION_DAYS",
+    # Zero would lock every username before its first password is checked.
+    "TICK_LOGIN_FAILURE_LIMIT",
 )
 # Durations: zero or less expires every lease at once, spins a heartbeat or re-check loop,
 # republishes every ENQUEUED occurrence at once, or is refused by the HTTP client.
@@ -51,6 +53,8 @@ POSITIVE = (
     "TICK_AUDIT_SCHEDULED_BOUND_S",
     "TICK_AUDIT_RUNNING_BOUND_S",
     "TICK_AUDIT_MATERIALIZE_LAG_S",
+    # Zero or less: no failure would ever count, so logins would never be throttled.
+    "TICK_LOGIN_COOLOFF_S",
 )
 # May be zero (no look-ahead, no delay, no grace before a handler's hard stop, no MISSED
 # rows, no partitions ahead), never negative.
@@ -250,5 +254,21 @@ def check_demo_handlers_off(app_configs: Apps = None, **kwargs: Any) -> list[Che
             hint="Leave TICK_EXTRA_HANDLERS unset (empty) in production; demo handlers are "
             "for `make run` and tests.",
             id="tick.W002",
+        )
+    ]
+
+
+@checks.register(checks.Tags.security, deploy=True)
+def check_admin_two_factor(app_configs: Apps = None, **kwargs: Any) -> list[CheckMessage]:
+    """A production admin asks staff for a TOTP code (docs/operations.md "Admin two-factor")."""
+    if settings.TICK_ADMIN_OTP_REQUIRED:
+        return []
+    return [
+        checks.Warning(
+            "TICK_ADMIN_OTP_REQUIRED is off: a staff password alone opens /admin/, where "
+            "every tenant's data can be read and replayed.",
+            hint="Leave TICK_ADMIN_OTP_REQUIRED unset (on unless DJANGO_DEBUG) and enrol staff "
+            "with `manage.py otp_enrol <username>`.",
+            id="tick.W004",
         )
     ]

@@ -6,6 +6,7 @@ pipeline, observability. Invariants between values are enforced by tickweb/check
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -23,7 +24,8 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 DEBUG = env_bool("DJANGO_DEBUG", False)
 
 INSTALLED_APPS = [
-    "django.contrib.admin",
+    # django.contrib.admin; its site asks staff for a TOTP code (tickweb/admin_site.py).
+    "tickweb.apps.TickAdminConfig",
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
@@ -39,6 +41,11 @@ INSTALLED_APPS = [
     "apps.occurrences",
     # Server-rendered tenant pages (apps/*/views.py, templates/), htmx vendored by django-htmx.
     "django_htmx",
+    # Login throttling (django-axes) and the admin's second factor (django-otp, TOTP only):
+    # "login throttling and two-factor" under --- security --- below.
+    "axes",
+    "django_otp",
+    "django_otp.plugins.otp_totp",
     # Registers the system checks of tickweb/checks.py.
     "tickweb.apps.TickwebConfig",
 ]
@@ -52,9 +59,13 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # request.user.is_verified(): whether this session passed a TOTP device (admin site).
+    "django_otp.middleware.OTPMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Innermost (closest to the views): turns a login refused for lockout into the 429 page.
+    "axes.middleware.AxesMiddleware",
     "django_prometheus.middleware.PrometheusAfterMiddleware",
 ]
 
@@ -134,6 +145,42 @@ if env_bool("SECURE_PROXY_SSL_HEADER_ENABLED", False):
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 # The health/metrics scrape runs over plain HTTP inside the cluster.
 SECURE_REDIRECT_EXEMPT = [r"^metrics$", r"^healthz$", r"^readyz$"]
+
+# Login throttling and two-factor (docs/decisions.md "Login throttling and two-factor").
+# django-axes counts failed passwords per username (not per IP: behind a proxy every client has
+# the proxy's address, and X-Forwarded-For is not trusted anywhere) in PostgreSQL, so every web
+# process shares the count. After TICK_LOGIN_FAILURE_LIMIT failures within the cool-off, /login/
+# and /admin/login/ refuse that username, right password or not, with a 429 page saying when to
+# retry; the lock lifts TICK_LOGIN_COOLOFF_S after the last counted failure, attempts made
+# while locked do not extend it, and a successful login clears the count.
+AUTHENTICATION_BACKENDS = [
+    # First: refuses a locked-out username before any password is checked. It needs the request,
+    # so authenticate() without one fails loudly instead of skipping the count.
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+TICK_LOGIN_FAILURE_LIMIT = env_int("TICK_LOGIN_FAILURE_LIMIT", 5)
+TICK_LOGIN_COOLOFF_S = env_int("TICK_LOGIN_COOLOFF_S", 15 * 60)
+AXES_FAILURE_LIMIT = TICK_LOGIN_FAILURE_LIMIT
+AXES_COOLOFF_TIME = timedelta(seconds=TICK_LOGIN_COOLOFF_S)
+AXES_LOCKOUT_PARAMETERS = ["username"]
+# axes.W006 asks for an ip_address key as well. Without a trusted X-Forwarded-For, the address
+# is the proxy's: one busy office or one attacker would lock every account. Per-address limits
+# belong to the proxy, which knows the client (docs/decisions.md).
+SILENCED_SYSTEM_CHECKS = ["axes.W006"]
+AXES_RESET_ON_SUCCESS = True
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
+AXES_HTTP_RESPONSE_CODE = 429
+AXES_LOCKOUT_CALLABLE = "apps.tenants.views.login_locked_out"
+# No start-up banner from every process; failures and lockouts are still logged as warnings.
+AXES_VERBOSE = False
+# The admin site's TOTP requirement for staff: on unless DEBUG (`make run`'s demo stays a plain
+# password). Devices are enrolled with `manage.py otp_enrol <username>` (docs/operations.md).
+TICK_ADMIN_OTP_REQUIRED = env_bool("TICK_ADMIN_OTP_REQUIRED", not DEBUG)
+# The name authenticator apps show beside the account.
+OTP_TOTP_ISSUER = env_str("TICK_OTP_ISSUER", "Tick")
+# The admin's device pages never show a TOTP secret or its QR code after enrolment.
+OTP_ADMIN_HIDE_SENSITIVE_DATA = True
 
 # --- REST API ---------------------------------------------------------------------------
 REST_FRAMEWORK = {

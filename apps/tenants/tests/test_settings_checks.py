@@ -12,6 +12,7 @@ from django.core import checks
 from django.test import override_settings
 
 from tickweb.checks import (
+    check_admin_two_factor,
     check_audit_bounds,
     check_lease_ttl,
     check_pipeline_windows,
@@ -71,6 +72,8 @@ def test_naive_datetimes_are_e002():
         ("TICK_WEBHOOK_READ_TIMEOUT_S", 0.0, "tick.E004"),
         ("TICK_RELAY_LOOKAHEAD_MS", -1, "tick.E005"),
         ("TICK_MISSED_RECORD_LIMIT", -1, "tick.E005"),
+        ("TICK_LOGIN_FAILURE_LIMIT", 0, "tick.E003"),
+        ("TICK_LOGIN_COOLOFF_S", 0, "tick.E004"),
     ],
 )
 def test_a_value_out_of_range_is_reported_under_its_id(name, value, error_id):
@@ -141,3 +144,16 @@ def test_manage_py_check_refuses_a_bad_environment():
 
     assert result.returncode != 0
     assert "tick.E003" in result.stderr and "TICK_RELAY_ENVELOPE_MAX" in result.stderr
+
+
+def test_an_admin_without_two_factor_is_w004_under_deploy_checks():
+    with override_settings(TICK_ADMIN_OTP_REQUIRED=False):
+        messages = check_admin_two_factor()
+    with override_settings(TICK_ADMIN_OTP_REQUIRED=True):
+        assert check_admin_two_factor() == []
+
+    assert _ids(messages) == ["tick.W004"]
+    assert messages[0].level == checks.WARNING
+    registered = checks.registry.registry.get_checks(include_deployment_checks=True)
+    assert check_admin_two_factor in registered
+    assert check_admin_two_factor not in checks.registry.registry.get_checks()
