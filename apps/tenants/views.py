@@ -3,14 +3,21 @@ page (`tenant_page`, `tick_of`, `admin_only`) is `apps/tenants/web.py`."""
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
+from axes.helpers import get_client_username
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import redirect, render
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
+from apps.tenants.login_security import login_lockout_ends_at
 from apps.tenants.models import ApiKey, Membership
 from apps.tenants.services import api_key_create, api_key_revoke_for_tenant
 from apps.tenants.web import SESSION_TENANT, admin_only, memberships_of, tenant_page, tick_of
@@ -23,6 +30,37 @@ def _back(request: HttpRequest, default: str) -> HttpResponseRedirect:
     ):
         return HttpResponseRedirect(target)
     return redirect(default)
+
+
+def login_locked_out(
+    request: HttpRequest,
+    original_response: HttpResponse | None = None,
+    credentials: dict[str, Any] | None = None,
+) -> HttpResponse:
+    """django-axes' lockout response (AXES_LOCKOUT_CALLABLE) for /login/ and /admin/login/:
+    429 with the time the lock lifts, in the page and in Retry-After."""
+    now = timezone.now()
+    username = get_client_username(request, credentials) or ""
+    # The failure that reached the limit is recorded before this runs, so the lock has an end;
+    # the cool-off is the bound should the rows be gone (an operator's reset in between).
+    ends_at = login_lockout_ends_at(username=username, now=now) or (
+        now + settings.AXES_COOLOFF_TIME
+    )
+    wait_s = max(1, math.ceil((ends_at - now).total_seconds()))
+    response = render(
+        request,
+        "registration/locked_out.html",
+        {
+            "username": username,
+            "ends_at": ends_at,
+            "wait_minutes": math.ceil(wait_s / 60),
+            "failure_limit": settings.TICK_LOGIN_FAILURE_LIMIT,
+            "login_url": request.path,
+        },
+        status=429,
+    )
+    response["Retry-After"] = str(wait_s)
+    return response
 
 
 @login_required
