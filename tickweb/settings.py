@@ -36,6 +36,8 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "django_celery_results",
     "django_prometheus",
+    # Content-Security-Policy header (CSPMiddleware below) and its settings checks.
+    "csp",
     "apps.tenants",
     "apps.schedules",
     "apps.occurrences",
@@ -64,6 +66,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Content-Security-Policy on every response (docs/security.md "CSP and headers").
+    "csp.middleware.CSPMiddleware",
     # Innermost (closest to the views): turns a login refused for lockout into the 429 page.
     "axes.middleware.AxesMiddleware",
     "django_prometheus.middleware.PrometheusAfterMiddleware",
@@ -143,6 +147,24 @@ CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", not DEBUG)
 # Behind a TLS-terminating proxy set SECURE_PROXY_SSL_HEADER_ENABLED=1.
 if env_bool("SECURE_PROXY_SSL_HEADER_ENABLED", False):
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+# Content-Security-Policy (django-csp 4.x format; docs/security.md "CSP and headers"): only
+# this origin's scripts, styles, images and XHRs; no inline script, style, handler or eval;
+# no framing. Django admin needs nothing more; the Swagger UI view adds one style hash
+# (tickweb/csp.py).
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": ["'self'"],
+        "script-src": ["'self'"],
+        "style-src": ["'self'"],
+        "img-src": ["'self'"],
+        "font-src": ["'self'"],
+        "connect-src": ["'self'"],
+        "object-src": ["'none'"],
+        "base-uri": ["'none'"],
+        "form-action": ["'self'"],
+        "frame-ancestors": ["'none'"],
+    }
+}
 # The health/metrics scrape runs over plain HTTP inside the cluster.
 SECURE_REDIRECT_EXEMPT = [r"^metrics$", r"^healthz$", r"^readyz$"]
 

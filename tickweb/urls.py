@@ -1,9 +1,11 @@
+from csp.decorators import csp_update
 from django.contrib import admin
 from django.urls import include, path
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
 from apps.occurrences.admin import admin_urlpatterns as occurrence_admin_urls
 from apps.occurrences.observability import health
+from tickweb.csp import SWAGGER_INLINE_STYLE_TEMPLATES, style_hash_update
 
 urlpatterns = [
     # Support staff's occurrence browser (composite keys: no ModelAdmin), before the admin.
@@ -15,7 +17,15 @@ urlpatterns = [
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
-    path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
+    # Swagger UI: its init script is a separate request (the split view) and its one fixed
+    # inline style block is allowed by hash; its icons are data: images (tickweb/csp.py).
+    path(
+        "api/docs/",
+        csp_update({**style_hash_update(*SWAGGER_INLINE_STYLE_TEMPLATES), "img-src": ["data:"]})(
+            SpectacularSwaggerSplitView.as_view(url_name="api-schema")
+        ),
+        name="api-docs",
+    ),
     path("api/v1/", include("apps.schedules.api_urls")),
     path("api/v1/", include("apps.occurrences.api_urls")),
     # Tenant web UI (docs/ui.md): log in, dashboard, schedules, occurrences, DLQ, keys, members.
