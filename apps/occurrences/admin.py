@@ -19,6 +19,7 @@ from apps.occurrences.models import (
     ShardLease,
     WorkerPresence,
 )
+from apps.tenants.admin_base import TickModelAdmin
 from apps.tenants.models import Tenant
 
 # Occurrence and Attempt have composite primary keys (id, scheduled_for), which Django 5.2's
@@ -27,7 +28,7 @@ from apps.tenants.models import Tenant
 
 
 @admin.register(DispatchOutbox)
-class DispatchOutboxAdmin(admin.ModelAdmin[DispatchOutbox]):
+class DispatchOutboxAdmin(TickModelAdmin[DispatchOutbox]):
     list_display = ["occurrence_id", "lane", "shard", "available_at", "created_at"]
     list_filter = ["lane"]
     readonly_fields = [f.name for f in DispatchOutbox._meta.fields]
@@ -37,14 +38,14 @@ class DispatchOutboxAdmin(admin.ModelAdmin[DispatchOutbox]):
 
 
 @admin.register(ShardLease)
-class ShardLeaseAdmin(admin.ModelAdmin[ShardLease]):
+class ShardLeaseAdmin(TickModelAdmin[ShardLease]):
     list_display = ["role", "shard", "owner", "generation", "lease_expires_at"]
     list_filter = ["role", "owner"]
     readonly_fields = ["role", "shard", "owner", "generation", "lease_expires_at"]
 
 
 @admin.register(WorkerPresence)
-class WorkerPresenceAdmin(admin.ModelAdmin[WorkerPresence]):
+class WorkerPresenceAdmin(TickModelAdmin[WorkerPresence]):
     """Workers and their slots as they last announced them (execution/presence.py); a row
     older than TICK_WORKER_PRESENCE_TTL_S no longer counts toward tenants' shares."""
 

@@ -4,9 +4,10 @@ from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html
 
-from apps.occurrences.schedule_changes import schedule_pause, schedule_resume
+from apps.occurrences.schedule_changes import schedule_cancel, schedule_pause, schedule_resume
 from apps.schedules.errors import LifecycleError
 from apps.schedules.models import Schedule, ScheduleEvent, ScheduleVersion
+from apps.tenants.admin_base import TickModelAdmin, staff_actor
 
 
 class ScheduleVersionInline(admin.TabularInline[ScheduleVersion, Schedule]):
@@ -24,7 +25,7 @@ class ScheduleEventInline(admin.TabularInline[ScheduleEvent, Schedule]):
 
 
 @admin.register(Schedule)
-class ScheduleAdmin(admin.ModelAdmin[Schedule]):
+class ScheduleAdmin(TickModelAdmin[Schedule]):
     list_display = ["name", "tenant", "kind", "expression", "time_zone", "state", "version",
                     "next_run_at", "timeout", "shard", "occurrences_link"]  # fmt: skip
     list_filter = ["state", "kind", "precision", "misfire_policy", "handler"]
@@ -35,7 +36,7 @@ class ScheduleAdmin(admin.ModelAdmin[Schedule]):
     # State changes go through services (versions, events, receipts), never a raw form save.
     readonly_fields = [f.name for f in Schedule._meta.fields]
     inlines = [ScheduleVersionInline, ScheduleEventInline]
-    actions = ["pause", "resume"]
+    actions = ["pause", "resume", "cancel"]
 
     def has_add_permission(self, request: object) -> bool:
         return False
@@ -53,8 +54,12 @@ class ScheduleAdmin(admin.ModelAdmin[Schedule]):
         return format_html('<a href="{}">browse</a>', url)
 
     def _apply(self, request: HttpRequest, queryset: QuerySet[Schedule], action: str) -> None:
-        service = schedule_pause if action == "pause" else schedule_resume
-        actor = f"support:{request.user.get_username()}"
+        # Through the lifecycle services: each change is in the schedule's event log with
+        # the staff user as actor (docs/security.md "Event log").
+        service = {"pause": schedule_pause, "resume": schedule_resume,
+                   "cancel": schedule_cancel}[action]  # fmt: skip
+        past = {"pause": "Paused", "resume": "Resumed", "cancel": "Canceled"}[action]
+        actor = staff_actor(request)
         done, refused = 0, []
         for schedule in queryset[:500]:
             try:
@@ -62,14 +67,27 @@ class ScheduleAdmin(admin.ModelAdmin[Schedule]):
                 done += 1
             except LifecycleError as err:
                 refused.append(f"{schedule.name}: {err.message}")
-        self.message_user(request, f"{action.title()}d {done} schedule(s).", messages.SUCCESS)
+        self.message_user(request, f"{past} {done} schedule(s).", messages.SUCCESS)
         for line in refused:
             self.message_user(request, line, messages.WARNING)
 
-    @admin.action(description="Pause selected schedules (through the lifecycle service)")
+    @admin.action(
+        description="Pause selected schedules (through the lifecycle service)",
+        permissions=["change"],
+    )
     def pause(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
         self._apply(request, queryset, "pause")
 
-    @admin.action(description="Resume selected schedules (through the lifecycle service)")
+    @admin.action(
+        description="Resume selected schedules (through the lifecycle service)",
+        permissions=["change"],
+    )
     def resume(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
         self._apply(request, queryset, "resume")
+
+    @admin.action(
+        description="Cancel selected schedules for good (kept for audit, never fire again)",
+        permissions=["change"],
+    )
+    def cancel(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
+        self._apply(request, queryset, "cancel")

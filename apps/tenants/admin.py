@@ -1,28 +1,46 @@
-from datetime import timedelta
+from __future__ import annotations
 
+from datetime import timedelta
+from typing import Any
+
+from django import forms
 from django.contrib import admin, messages
+from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.urls import reverse
 from django.utils import timezone
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString, mark_safe
 
 from apps.occurrences.models import Occurrence
 from apps.schedules.services import QUOTA_STATES
-from apps.tenants.models import ApiKey, Membership, Tenant
+from apps.tenants.admin_base import TickModelAdmin, staff_actor
+from apps.tenants.models import ApiKey, Membership, Tenant, TenantEvent
+from apps.tenants.services import (
+    api_key_expiry_check,
+    api_key_expiry_shorten,
+    api_keys_revoke_by_staff,
+    tenant_settings_log,
+)
+
+RECENT_EVENTS = 20
 
 
 @admin.register(Tenant)
-class TenantAdmin(admin.ModelAdmin[Tenant]):
+class TenantAdmin(TickModelAdmin[Tenant]):
     list_display = ["slug", "name", "max_active_schedules", "trigger_rate_per_s", "max_running",
                     "max_timeout_s", "created_at"]  # fmt: skip
     search_fields = ["slug", "name"]
     # Quotas are editable here; usage is read-only, counted for the one tenant shown.
-    readonly_fields = ["schedules_in_quota", "running_now", "active_api_keys"]
+    readonly_fields = ["schedules_in_quota", "running_now", "active_api_keys", "recent_events"]
     fieldsets = [
         (None, {"fields": ["slug", "name"]}),
         ("Quotas", {"fields": ["max_active_schedules", "trigger_rate_per_s", "max_running",
                                "catchup_rate_per_s", "min_interval_s", "api_rate_per_min",
                                "retry_budget_per_hour", "max_timeout_s"]}),
         ("Usage", {"fields": ["schedules_in_quota", "running_now", "active_api_keys"]}),
+        ("Account log", {"fields": ["recent_events"]}),
     ]  # fmt: skip
 
     @admin.display(description="Active + paused schedules")
@@ -44,9 +62,36 @@ class TenantAdmin(admin.ModelAdmin[Tenant]):
     def active_api_keys(self, obj: Tenant) -> int:
         return obj.api_keys.filter(revoked_at__isnull=True).count() if obj.pk else 0
 
+    @admin.display(description=f"Latest {RECENT_EVENTS} account events")
+    def recent_events(self, obj: Tenant) -> SafeString | str:
+        if not obj.pk:
+            return "—"
+        events = list(obj.events.order_by("-at", "-id")[:RECENT_EVENTS])
+        link = reverse("admin:tenants_tenantevent_changelist") + f"?tenant__id__exact={obj.pk}"
+        rows = format_html_join(
+            "", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            ((f"{e.at:%Y-%m-%d %H:%M:%S}", e.get_kind_display(), e.actor, e.detail)
+             for e in events),
+        )  # fmt: skip
+        return format_html(
+            '<table class="tick-events"><thead><tr><th>At (UTC)</th><th>What</th><th>Who</th>'
+            '<th>Detail</th></tr></thead><tbody>{}</tbody></table><p><a href="{}">All events '
+            "of this tenant »</a></p>",
+            rows or mark_safe('<tr><td colspan="4">No event yet.</td></tr>'),  # noqa: S308
+            link,
+        )
+
+    def save_model(self, request: HttpRequest, obj: Tenant, form: Any, change: bool) -> None:
+        # The change form runs in one transaction: the row and its event commit together.
+        before = form.initial
+        super().save_model(request, obj, form, change)
+        if change:
+            changes = {f: (before.get(f), getattr(obj, f)) for f in form.changed_data}
+            tenant_settings_log(tenant=obj, changes=changes, actor=staff_actor(request))
+
 
 @admin.register(Membership)
-class MembershipAdmin(admin.ModelAdmin[Membership]):
+class MembershipAdmin(TickModelAdmin[Membership]):
     list_display = ["user", "tenant", "role", "created_at"]
     list_filter = ["role"]
     search_fields = ["user__username", "tenant__slug"]
@@ -54,21 +99,70 @@ class MembershipAdmin(admin.ModelAdmin[Membership]):
     raw_id_fields = ["user", "tenant"]
 
 
+class ApiKeyForm(forms.ModelForm[ApiKey]):
+    class Meta:
+        model = ApiKey
+        fields = ["expires_at"]
+
+    def clean_expires_at(self) -> Any:
+        wanted = self.cleaned_data.get("expires_at")
+        try:
+            api_key_expiry_check(current=self.instance.expires_at, wanted=wanted)
+        except ValidationError as err:
+            raise forms.ValidationError(err.messages) from err
+        return wanted
+
+
 @admin.register(ApiKey)
-class ApiKeyAdmin(admin.ModelAdmin[ApiKey]):
+class ApiKeyAdmin(TickModelAdmin[ApiKey]):
     # The hash is useless to a person and the raw key is never stored: neither is shown.
-    list_display = ["prefix", "name", "tenant", "created_at", "last_used_at", "revoked_at"]
+    form = ApiKeyForm
+    list_display = ["prefix", "name", "tenant", "created_at", "last_used_at", "expires_at",
+                    "revoked_at"]  # fmt: skip
     list_filter = ["tenant"]
     list_select_related = ["tenant"]
     search_fields = ["prefix", "name", "tenant__slug"]
     fields = ["tenant", "name", "prefix", "created_at", "expires_at", "revoked_at", "last_used_at"]
-    readonly_fields = ["tenant", "name", "prefix", "created_at", "last_used_at"]
+    # Revocation is one-way and goes through the logged action; an expiry can only be
+    # brought forward (ApiKeyForm). docs/security.md "Admin permissions".
+    readonly_fields = ["tenant", "name", "prefix", "created_at", "revoked_at", "last_used_at"]
     actions = ["revoke"]
 
     def has_add_permission(self, request: object) -> bool:
         return False  # keys are created by `manage.py tenant_create --api-key` or the API
 
-    @admin.action(description="Revoke selected keys (requests with them answer 401)")
+    def save_model(self, request: HttpRequest, obj: ApiKey, form: Any, change: bool) -> None:
+        if change and "expires_at" in form.changed_data and obj.expires_at is not None:
+            api_key_expiry_shorten(key=obj, expires_at=obj.expires_at, actor=staff_actor(request))
+
+    @admin.action(
+        description="Revoke selected keys (requests with them answer 401)", permissions=["change"]
+    )
     def revoke(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
-        count = queryset.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
-        self.message_user(request, f"Revoked {count} key(s).", messages.SUCCESS)
+        revoked = api_keys_revoke_by_staff(
+            key_ids=list(queryset.values_list("pk", flat=True)[:500]), actor=staff_actor(request)
+        )
+        self.message_user(request, f"Revoked {len(revoked)} key(s).", messages.SUCCESS)
+
+
+@admin.register(TenantEvent)
+class TenantEventAdmin(TickModelAdmin[TenantEvent]):
+    """The account audit log, read-only: it is written only by the services that act."""
+
+    list_display = ["at", "tenant", "kind", "actor", "detail"]
+    list_filter = ["kind", "tenant"]
+    search_fields = ["=tenant__slug", "actor"]
+    list_select_related = ["tenant"]
+    ordering = ["-at", "-id"]
+    show_full_result_count = False
+    fields = ["at", "tenant", "kind", "actor", "detail"]
+    readonly_fields = ["at", "tenant", "kind", "actor", "detail"]
+
+    def has_add_permission(self, request: object) -> bool:
+        return False
+
+    def has_change_permission(self, request: object, obj: object = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: object, obj: object = None) -> bool:
+        return False

@@ -90,6 +90,84 @@ def api_key_revoke(*, prefix: str, now: datetime | None = None) -> list[ApiKey]:
 
 
 # --------------------------------------------------------------------------------------------
+# Support staff's account changes (the admin), each written to the tenant's event log
+# --------------------------------------------------------------------------------------------
+
+
+@transaction.atomic
+def api_keys_revoke_by_staff(
+    *, key_ids: list[uuid.UUID], actor: str, now: datetime | None = None
+) -> list[ApiKey]:
+    """Revoke the unrevoked keys among `key_ids` (locked, so a concurrent revoke is not
+    logged twice); one `api_key_revoked` event per key revoked. Revocation is one-way."""
+    now = now or timezone.now()
+    keys = list(
+        ApiKey.objects.select_for_update()
+        .select_related("tenant")
+        .filter(pk__in=key_ids, revoked_at__isnull=True)
+        .order_by("pk")
+    )
+    ApiKey.objects.filter(pk__in=[k.pk for k in keys]).update(revoked_at=now)
+    for key in keys:
+        key.revoked_at = now
+        log_tenant_event(
+            tenant=key.tenant, kind=TenantEvent.Kind.API_KEY_REVOKED, actor=actor, now=now,
+            prefix=key.prefix, name=key.name,
+        )  # fmt: skip
+    return keys
+
+
+def api_key_expiry_check(*, current: datetime | None, wanted: datetime | None) -> None:
+    """An expiry may only be brought forward: a key never lives longer than it was given."""
+    if current is None:
+        return
+    if wanted is None:
+        raise ValidationError(
+            "This key already expires; an expiry can only be brought forward, not removed."
+        )
+    if wanted > current:
+        raise ValidationError(
+            f"An expiry can only be brought forward: choose a time before {current:%Y-%m-%d %H:%M} "
+            "UTC, or revoke the key and create a new one."
+        )
+
+
+@transaction.atomic
+def api_key_expiry_shorten(
+    *, key: ApiKey, expires_at: datetime, actor: str, now: datetime | None = None
+) -> ApiKey:
+    """Bring `key`'s expiry forward to `expires_at` (refused if later than the current one)
+    and log `api_key_expiry_shortened` with both times."""
+    locked = ApiKey.objects.select_for_update().select_related("tenant").get(pk=key.pk)
+    api_key_expiry_check(current=locked.expires_at, wanted=expires_at)
+    previous = locked.expires_at
+    locked.expires_at = expires_at
+    locked.save(update_fields=["expires_at"])
+    log_tenant_event(
+        tenant=locked.tenant, kind=TenantEvent.Kind.API_KEY_EXPIRY_SHORTENED, actor=actor,
+        now=now, prefix=locked.prefix, previous=_iso_or_none(previous),
+        expires_at=expires_at.isoformat(),
+    )  # fmt: skip
+    return locked
+
+
+def tenant_settings_log(
+    *, tenant: Tenant, changes: dict[str, tuple[Any, Any]], actor: str
+) -> TenantEvent | None:
+    """Log a change of the tenant's settings or quotas (`field: [before, after]`)."""
+    if not changes:
+        return None
+    return log_tenant_event(
+        tenant=tenant, kind=TenantEvent.Kind.SETTINGS_CHANGED, actor=actor,
+        changes={field: [before, after] for field, (before, after) in sorted(changes.items())},
+    )  # fmt: skip
+
+
+def _iso_or_none(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+# --------------------------------------------------------------------------------------------
 # Per-key request rate: one fixed window per key, counted in PostgreSQL
 # --------------------------------------------------------------------------------------------
 

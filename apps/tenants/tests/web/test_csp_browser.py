@@ -188,6 +188,7 @@ def test_admin_and_api_docs_work_under_the_csp(live_server: Any, browser: Any, t
         f"/admin/schedules/schedule/{sched.id}/change/",
         f"/admin/tenants/tenant/{tenant_a.id}/change/",
         "/admin/tenants/apikey/",
+        "/admin/tenants/tenantevent/",
         "/admin/occurrences/browse/",
         "/admin/auth/user/add/",
     ):
