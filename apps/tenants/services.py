@@ -71,13 +71,32 @@ def membership_grant(
     return membership
 
 
-def demo_user_ensure(*, username: str, password: str) -> AbstractBaseUser:
+DEMO_PASSWORD = "tick-demo"  # noqa: S105 - the documented local-only demo login
+
+
+def demo_user_ensure(
+    *, username: str, password: str | None, allow_known_password: bool
+) -> tuple[AbstractBaseUser, str | None]:
+    """The demo login (a superuser), created once; returns it and the password set by this
+    call (None when an existing password was kept, so a rerun never resets it).
+
+    With `allow_known_password` off (DJANGO_DEBUG off) the documented DEMO_PASSWORD is
+    refused: no password given means a random one, and an existing login still on the
+    known password gets a random one (docs/security.md "Demo login")."""
+    if password == DEMO_PASSWORD and not allow_known_password:
+        raise ValidationError(f"Refusing the known demo password {DEMO_PASSWORD!r} with DEBUG off.")
+    wanted = password or (DEMO_PASSWORD if allow_known_password else None)
     user_model = get_user_model()
     user, created = user_model.objects.get_or_create(username=username)
+    new_password: str | None = None
     if created:
-        user.set_password(password)
+        new_password = wanted or secrets.token_urlsafe(18)
+    elif not allow_known_password and user.check_password(DEMO_PASSWORD):
+        new_password = secrets.token_urlsafe(18)
+    if new_password is not None:
+        user.set_password(new_password)
         user.save(update_fields=["password"])
-    return user
+    return user, new_password
 
 
 def api_key_revoke(*, prefix: str, now: datetime | None = None) -> list[ApiKey]:

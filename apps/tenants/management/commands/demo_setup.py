@@ -2,28 +2,47 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from apps.schedules.models import Schedule
 from apps.schedules.services import ScheduleSpec, schedule_create
 from apps.tenants.models import Tenant
-from apps.tenants.services import api_key_create, demo_user_ensure, membership_grant, tenant_create
+from apps.tenants.services import (
+    DEMO_PASSWORD,
+    api_key_create,
+    demo_user_ensure,
+    membership_grant,
+    tenant_create,
+)
 
 
 class Command(BaseCommand):
     help = (
         "Idempotently create the demo tenant, a web login, a fresh API key (printed) and one "
-        "demo schedule firing every minute. For `make run`; not for production."
+        "demo schedule firing every minute. For `make run`; not for production. With "
+        "DJANGO_DEBUG off the login gets a random password, printed once."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--password", default="tick-demo")
+        parser.add_argument(
+            "--password",
+            default=None,
+            help="the demo login's password when it is created (default: tick-demo with "
+            "DJANGO_DEBUG=1, else random); an existing login keeps its password",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         tenant = Tenant.objects.filter(slug="demo").first() or tenant_create(
             slug="demo", name="Demo tenant"
         )
-        user = demo_user_ensure(username="demo", password=options["password"])
+        try:
+            user, password = demo_user_ensure(
+                username="demo", password=options["password"], allow_known_password=settings.DEBUG
+            )
+        except ValidationError as err:
+            raise CommandError(err.messages[0]) from err
         if not user.is_staff:  # type: ignore[attr-defined]
             user.is_staff = user.is_superuser = True  # type: ignore[attr-defined]
             user.save(update_fields=["is_staff", "is_superuser"])
@@ -42,9 +61,14 @@ class Command(BaseCommand):
                 actor="demo_setup",
             )
         _, raw = api_key_create(tenant=tenant, name="make run")
-        self.stdout.write(
-            f"web login: http://127.0.0.1:8000/admin/  user demo / {options['password']}"
-        )
+        if password is not None:
+            self.stdout.write(f"web login: http://127.0.0.1:8000/  user demo / {password}")
+            if not settings.DEBUG:
+                self.stdout.write("(shown once: note it now; a rerun keeps it)")
+        elif settings.DEBUG and user.check_password(DEMO_PASSWORD):
+            self.stdout.write(f"web login: http://127.0.0.1:8000/  user demo / {DEMO_PASSWORD}")
+        else:
+            self.stdout.write("web login: http://127.0.0.1:8000/  user demo (password unchanged)")
         self.stdout.write(
             "try: curl -H 'Authorization: Bearer <key>' "
             "'http://127.0.0.1:8000/api/v1/occurrences?page_size=5'"
