@@ -19,6 +19,7 @@ from django.views.decorators.http import require_POST
 
 from apps.tenants.login_security import login_lockout_ends_at
 from apps.tenants.models import ApiKey, Membership
+from apps.tenants.no_store import shows_secret
 from apps.tenants.services import api_key_create, api_key_revoke_for_tenant
 from apps.tenants.web import SESSION_TENANT, admin_only, memberships_of, tenant_page, tick_of
 
@@ -74,6 +75,7 @@ def tenant_switch(request: HttpRequest) -> HttpResponse:
     return _back(request, "dashboard")
 
 
+@shows_secret  # a new key's raw value is on this page once
 @tenant_page
 def api_keys(request: HttpRequest) -> HttpResponse:
     tick = tick_of(request)
