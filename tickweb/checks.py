@@ -7,6 +7,7 @@ Each refusal names the setting, what breaks, and the fix. Registered by
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -16,6 +17,8 @@ from django.core import checks
 from django.core.checks import CheckMessage
 
 from apps.occurrences.execution.demo_handlers import DEMO_HANDLERS
+
+METRICS_TOKEN_MIN_LENGTH = 32
 
 # Counts and batch sizes: zero or less stalls a loop or breaks its slicing (a zero envelope
 # size cannot chunk a burst; a zero fire cap leaves a schedule with no next instant).
@@ -272,3 +275,33 @@ def check_admin_two_factor(app_configs: Apps = None, **kwargs: Any) -> list[Chec
             id="tick.W004",
         )
     ]
+
+
+@checks.register()
+def check_metrics_access(app_configs: Apps = None, **kwargs: Any) -> list[CheckMessage]:
+    """TICK_METRICS_ALLOWED_NETWORKS are CIDRs; a TICK_METRICS_TOKEN is long enough."""
+    errors: list[CheckMessage] = []
+    for cidr in settings.TICK_METRICS_ALLOWED_NETWORKS:
+        try:
+            ipaddress.ip_network(cidr, strict=False)
+        except ValueError:
+            errors.append(
+                checks.Error(
+                    f"TICK_METRICS_ALLOWED_NETWORKS has {cidr!r}, which is no network: /metrics "
+                    "would fail for every request.",
+                    hint="Use CIDRs such as 127.0.0.0/8,10.0.0.0/8 (comma-separated), or leave "
+                    "it unset for loopback only.",
+                    id="tick.E020",
+                )
+            )
+    token = settings.TICK_METRICS_TOKEN
+    if token and len(token) < METRICS_TOKEN_MIN_LENGTH:
+        errors.append(
+            checks.Warning(
+                f"TICK_METRICS_TOKEN has {len(token)} characters: short enough to guess.",
+                hint=f"Use at least {METRICS_TOKEN_MIN_LENGTH} random characters, e.g. "
+                "`python -c 'import secrets; print(secrets.token_urlsafe(32))'`.",
+                id="tick.W020",
+            )
+        )
+    return errors

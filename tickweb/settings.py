@@ -165,7 +165,8 @@ CONTENT_SECURITY_POLICY = {
         "frame-ancestors": ["'none'"],
     }
 }
-# The health/metrics scrape runs over plain HTTP inside the cluster.
+# The health/metrics scrape runs over plain HTTP inside the cluster; /metrics answers only
+# the allowed networks or the token (TICK_METRICS_*, below).
 SECURE_REDIRECT_EXEMPT = [r"^metrics$", r"^healthz$", r"^readyz$"]
 
 # Login throttling and two-factor (docs/decisions.md "Login throttling and two-factor").
@@ -360,6 +361,13 @@ TICK_AUDIT_RUNNING_BOUND_S = env_int("TICK_AUDIT_RUNNING_BOUND_S", 300)
 TICK_AUDIT_MATERIALIZE_LAG_S = env_int("TICK_AUDIT_MATERIALIZE_LAG_S", 300)
 
 # --- observability ----------------------------------------------------------------------
+# Who may read the web's /metrics (docs/security.md "Metrics"): requests straight from these
+# networks (comma-separated CIDRs; never one that came through a proxy) or carrying
+# `Authorization: Bearer <TICK_METRICS_TOKEN>`; everyone else gets a 404.
+TICK_METRICS_ALLOWED_NETWORKS = env_list(
+    "TICK_METRICS_ALLOWED_NETWORKS", ["127.0.0.0/8", "::1/128"]
+)
+TICK_METRICS_TOKEN = env_str("TICK_METRICS_TOKEN", "")
 # Tenant-labelled metrics keep the top N tenants by value and sum the rest as "other".
 TICK_METRICS_TOP_TENANTS = env_int("TICK_METRICS_TOP_TENANTS", 10)
 # Structured logs: every record carries tenant/schedule/occurrence ids ("-" when the line is

@@ -4,15 +4,16 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
 from apps.occurrences.admin import admin_urlpatterns as occurrence_admin_urls
-from apps.occurrences.observability import health
+from apps.occurrences.observability import health, metrics_access
 from tickweb.csp import SWAGGER_INLINE_STYLE_TEMPLATES, style_hash_update
 
 urlpatterns = [
     # Support staff's occurrence browser (composite keys: no ModelAdmin), before the admin.
     path("admin/", include(occurrence_admin_urls)),
     path("admin/", admin.site.urls),
-    # Prometheus exposition at /metrics (apps/occurrences/observability/metrics.py).
-    path("", include("django_prometheus.urls")),
+    # Prometheus exposition at /metrics, for the allowed networks or the bearer token only
+    # (apps/occurrences/observability/metrics_access.py).
+    path("metrics", metrics_access.metrics_view, name="metrics"),
     # Liveness and readiness of the web process (apps/occurrences/observability/health.py).
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
