@@ -22,7 +22,7 @@ from functools import cache
 
 from django.conf import settings
 from django.http import Http404, HttpRequest, HttpResponse
-from django_prometheus.exports import ExportToDjangoView
+from django_prometheus.exports import ExportToDjangoView  # type: ignore[import-untyped]
 
 IpNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 PROXY_HEADERS = ("HTTP_FORWARDED", "HTTP_X_FORWARDED_FOR", "HTTP_X_REAL_IP")
