@@ -21,6 +21,7 @@ from apps.tenants.services import (
     api_key_expiry_check,
     api_key_expiry_shorten,
     api_keys_revoke_by_staff,
+    log_tenant_event,
     tenant_settings_log,
 )
 
@@ -97,6 +98,34 @@ class MembershipAdmin(TickModelAdmin[Membership]):
     search_fields = ["user__username", "tenant__slug"]
     list_select_related = ["user", "tenant"]
     raw_id_fields = ["user", "tenant"]
+
+    # Granting, changing and removing access are support actions: each is in the tenant's
+    # event log (the admin wraps each in one transaction with the change).
+    def save_model(self, request: HttpRequest, obj: Membership, form: Any, change: bool) -> None:
+        before = form.initial.get("role") if change else None
+        super().save_model(request, obj, form, change)
+        if not change or "role" in form.changed_data:
+            log_tenant_event(
+                tenant=obj.tenant, kind=TenantEvent.Kind.MEMBER_ROLE_CHANGED,
+                actor=staff_actor(request), user=obj.user.get_username(),
+                role=[before, obj.role],
+            )  # fmt: skip
+
+    def delete_model(self, request: HttpRequest, obj: Membership) -> None:
+        self._log_removed(request, [obj])
+        super().delete_model(request, obj)
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Membership]) -> None:
+        self._log_removed(request, list(queryset.select_related("user", "tenant")))
+        super().delete_queryset(request, queryset)
+
+    def _log_removed(self, request: HttpRequest, memberships: list[Membership]) -> None:
+        for membership in memberships:
+            log_tenant_event(
+                tenant=membership.tenant, kind=TenantEvent.Kind.MEMBER_REMOVED,
+                actor=staff_actor(request), user=membership.user.get_username(),
+                role=membership.role,
+            )  # fmt: skip
 
 
 class ApiKeyForm(forms.ModelForm[ApiKey]):

@@ -17,7 +17,7 @@ from django.utils import timezone
 from apps.occurrences.models import Occurrence
 from apps.occurrences.tests.support.rows import occurrence, schedule, state_of
 from apps.schedules.models import Schedule, ScheduleEvent
-from apps.tenants.models import ApiKey, Tenant, TenantEvent
+from apps.tenants.models import ApiKey, Membership, Tenant, TenantEvent
 from apps.tenants.services import api_key_create
 
 SCHEDULES = "/admin/schedules/schedule/"
@@ -208,3 +208,25 @@ def test_the_tenant_event_log_is_read_only_in_the_admin(django_user_model: Any,
     assert client.post(f"{url}change/", {"actor": "someone"}).status_code == 403
     assert client.post(f"{url}delete/", {"post": "yes"}).status_code == 403
     assert TenantEvent.objects.get(pk=event.pk).actor == "support:sam"
+
+
+def test_membership_changes_in_the_admin_are_logged(django_user_model: Any, alice: Any,
+                                                    tenant_a: Tenant) -> None:  # fmt: skip
+    support = _staff(django_user_model, "sam", "view_membership", "change_membership",
+                     "delete_membership")  # fmt: skip
+    membership = Membership.objects.get(user=alice, tenant=tenant_a)
+    url = f"/admin/tenants/membership/{membership.pk}/"
+
+    changed = support.post(f"{url}change/", {"user": alice.pk, "tenant": tenant_a.pk,
+                                            "role": Membership.Role.VIEWER})  # fmt: skip
+    removed = support.post(f"{url}delete/", {"post": "yes"})
+
+    assert (changed.status_code, removed.status_code) == (302, 302)
+    assert not Membership.objects.filter(pk=membership.pk).exists()
+    log = [(e.kind, e.actor, e.detail) for e in TenantEvent.objects.filter(tenant=tenant_a)]
+    assert log == [
+        (TenantEvent.Kind.MEMBER_ROLE_CHANGED, "support:sam",
+         {"user": "alice", "role": [Membership.Role.ADMIN, Membership.Role.VIEWER]}),
+        (TenantEvent.Kind.MEMBER_REMOVED, "support:sam",
+         {"user": "alice", "role": Membership.Role.VIEWER}),
+    ]  # fmt: skip
