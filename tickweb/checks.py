@@ -11,6 +11,7 @@ import ipaddress
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from cryptography.fernet import Fernet
 from django.apps import AppConfig
 from django.conf import settings
 from django.core import checks
@@ -69,6 +70,7 @@ NOT_NEGATIVE = (
     "TICK_MISSED_RECORD_LIMIT",
     "TICK_PARTITION_DAYS_AHEAD",
     "TICK_METRICS_TOP_TENANTS",
+    "TICK_SIGNING_ROTATION_OVERLAP_S",
 )
 
 Apps = Sequence[AppConfig] | None
@@ -304,4 +306,23 @@ def check_metrics_access(app_configs: Apps = None, **kwargs: Any) -> list[CheckM
                 id="tick.W020",
             )
         )
+@checks.register()
+def check_signing_keys(app_configs: Apps = None, **kwargs: Any) -> list[CheckMessage]:
+    """Each TICK_SIGNING_KEYS entry must be a Fernet key, or no webhook secret can be stored
+    or read (apps/tenants/signing.py)."""
+    errors: list[CheckMessage] = []
+    for index, key in enumerate(settings.TICK_SIGNING_KEYS):
+        try:
+            Fernet(key.encode())
+        except ValueError:
+            errors.append(
+                checks.Error(
+                    f"TICK_SIGNING_KEYS entry {index + 1} is not a Fernet key (32 url-safe "
+                    "base64-encoded bytes): webhook signing secrets could not be encrypted or "
+                    "decrypted.",
+                    hint="Generate one with `python -c 'from cryptography.fernet import "
+                    "Fernet; print(Fernet.generate_key().decode())'` (docs/webhooks.md).",
+                    id="tick.E060",
+                )
+            )
     return errors

@@ -135,6 +135,13 @@ if not SECRET_KEY:
         raise ImproperlyConfigured("SECRET_KEY must be set when DJANGO_DEBUG is off")
     # Development only: DEBUG on and no key given.
     SECRET_KEY = "django-insecure-development-only-key"  # noqa: S105
+# Webhook signing secrets are stored encrypted (apps/tenants/signing.py, docs/webhooks.md):
+# comma-separated Fernet keys; the first encrypts, every one decrypts (add a new key first to
+# rotate). Empty: a key derived from SECRET_KEY (and SECRET_KEY_FALLBACKS) is used. Those
+# derived keys always decrypt too, so moving to an explicit key loses nothing.
+TICK_SIGNING_KEYS = env_list("TICK_SIGNING_KEYS", [])
+# After a rotation, the previous signing secret still signs for this long (unless revoked).
+TICK_SIGNING_ROTATION_OVERLAP_S = env_int("TICK_SIGNING_ROTATION_OVERLAP_S", 86_400)
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 # Production hardening (`manage.py check --deploy`); all on unless DEBUG, env-overridable.

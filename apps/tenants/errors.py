@@ -28,3 +28,24 @@ class IdempotencyConflict(RefusedRequest):
 
     status = 409
     code = "idempotency_key_reused"
+
+
+class RotationInProgress(RefusedRequest):
+    """Two signing secrets are already active: a third rotation would drop the previous one
+    while receivers may still verify with it (docs/webhooks.md)."""
+
+    status = 409
+    code = "rotation_in_progress"
+
+
+class LastSigningSecret(RefusedRequest):
+    """Revoking the only active signing secret would leave webhooks with nothing the
+    receiver knows to sign with: rotate first."""
+
+    status = 409
+    code = "last_signing_secret"
+
+
+class SigningUnavailable(Exception):
+    """A stored signing secret cannot be decrypted with the configured keys (TICK_SIGNING_KEYS
+    lost or changed): an operator's configuration error, not a tenant's."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 
 from django.conf import settings
 from django.db import models
@@ -157,3 +158,47 @@ class TenantEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} {self.tenant_id} by {self.actor}"
+
+
+class SigningSecret(models.Model):
+    """A tenant's webhook signing secret (docs/webhooks.md).
+
+    Workers need the secret itself to compute the HMAC, so it cannot be stored as a hash: it is
+    stored encrypted (Fernet, keys from settings: `apps/tenants/signing.py`), and only its
+    visible prefix is stored in clear. Active = not revoked and not past `expires_at`; at most
+    two are active at once (the current one and, during a rotation, the previous one).
+    """
+
+    class Status(models.TextChoices):
+        """Derived from the timestamps (`status_at`), never stored."""
+
+        ACTIVE = "active", "Active"
+        EXPIRED = "expired", "Expired"
+        REVOKED = "revoked", "Revoked"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="signing_secrets")
+    # "whsec_" + the first 6 characters: enough to tell secrets apart, nothing to verify with.
+    prefix = models.CharField(max_length=16)
+    secret_encrypted = models.TextField()
+    created_at = models.DateTimeField()
+    # NULL: the current secret, valid until a rotation or a revocation.
+    expires_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            # Every webhook send reads the tenant's active secrets; the pages list them newest
+            # first.
+            models.Index(fields=["tenant", "created_at"], name="signing_secret_tenant_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… ({self.tenant_id})"
+
+    def status_at(self, now: datetime) -> SigningSecret.Status:
+        if self.revoked_at is not None:
+            return SigningSecret.Status.REVOKED
+        if self.expires_at is not None and self.expires_at <= now:
+            return SigningSecret.Status.EXPIRED
+        return SigningSecret.Status.ACTIVE

@@ -5,8 +5,10 @@ Payload (validated at schedule create by `validate_webhook_payload`, again at ru
      "headers": {"X-Name": "value", ...}}          # optional, string values
 
 Request: `POST url`, `Content-Type: application/json`, `Idempotency-Key: <occurrence_id>`,
-`User-Agent: Tick-Webhook/1`, plus the tenant's headers (not the reserved ones). Connect and
-read timeouts from settings; redirects are never followed; no proxy from the environment.
+`User-Agent: Tick-Webhook/1`, the signature headers `webhook-id` (the occurrence id),
+`webhook-timestamp` and `webhook-signature` (`signed_headers`, docs/webhooks.md), plus the
+tenant's headers (not the reserved ones). Connect and read timeouts from settings; redirects
+are never followed; no proxy from the environment.
 
 SSRF guard at connect time: the host is resolved once by `ssrf.resolve_target`, every address
 is checked, and urllib3 connects to that checked address literal (TLS still verifies the
@@ -51,10 +53,13 @@ from apps.occurrences.execution.ssrf import (
     resolve_target,
 )
 from apps.occurrences.observability import metrics
+from apps.tenants.errors import SigningUnavailable
+from apps.tenants.signing import SIGNATURE_HEADERS, webhook_signature_headers
 
 RESERVED_HEADERS = frozenset(
     {"host", "content-length", "content-type", "idempotency-key", "transfer-encoding",
-     "connection", "user-agent", "expect", "te", "upgrade", "proxy-authorization"}
+     "connection", "user-agent", "expect", "te", "upgrade", "proxy-authorization",
+     *SIGNATURE_HEADERS}
 )  # fmt: skip
 MAX_BODY_BYTES = 256 * 1024
 MAX_HEADERS = 20
@@ -139,12 +144,14 @@ def webhook_send(*, ctx: HandlerContext) -> int:
         raise
     except OSError as exc:  # DNS failure: may be temporary
         raise TransientError(f"could not resolve webhook host: {exc}") from None
+    body = _body_bytes(payload.get("body", {}))
     headers = {
         **payload.get("headers", {}),
         "Host": resolved.target.host_header,
         "Content-Type": "application/json",
         "Idempotency-Key": str(ctx.occurrence_id),
         "User-Agent": USER_AGENT,
+        **signed_headers(ctx=ctx, body=body),
     }
     timeout = urllib3.Timeout(
         connect=settings.TICK_WEBHOOK_CONNECT_TIMEOUT_S, read=settings.TICK_WEBHOOK_READ_TIMEOUT_S
@@ -154,7 +161,7 @@ def webhook_send(*, ctx: HandlerContext) -> int:
         response = pool.urlopen(
             "POST",
             resolved.target.request_path,
-            body=_body_bytes(payload.get("body", {})),
+            body=body,
             headers=headers,
             redirect=False,
             retries=False,
@@ -181,6 +188,20 @@ def webhook_send(*, ctx: HandlerContext) -> int:
         location=response.headers.get("Location"),
         retry_after=response.headers.get("Retry-After"),
     )
+
+
+def signed_headers(*, ctx: HandlerContext, body: bytes) -> dict[str, str]:
+    """The Standard Webhooks headers for `body`, the exact bytes sent: the id is the
+    occurrence id (the same on every retry and redelivery), the signature is made with each
+    of the tenant's active secrets (docs/webhooks.md)."""
+    try:
+        return webhook_signature_headers(
+            tenant_id=ctx.tenant_id, message_id=str(ctx.occurrence_id), body=body
+        )
+    except SigningUnavailable as exc:
+        # An operator's key configuration, not the receiver: retrying cannot help; replay
+        # from the DLQ once the key is restored.
+        raise PermanentError(f"webhook not signed: {exc}") from None
 
 
 def classify_response(

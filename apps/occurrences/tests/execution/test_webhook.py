@@ -31,6 +31,7 @@ from apps.occurrences.execution.webhook import (
 )
 from apps.occurrences.models import DispatchOutbox, Lane, Occurrence
 from apps.occurrences.tests.support.rows import occurrence, schedule, state_of
+from apps.tenants.models import Tenant
 
 
 class _Recorder(BaseHTTPRequestHandler):
@@ -83,12 +84,14 @@ def allow_loopback(settings: Any) -> None:
     settings.TICK_WEBHOOK_ALLOWLIST = ["127.0.0.1/32"]
 
 
-def _ctx(payload: Any) -> HandlerContext:
+def _ctx(payload: Any, tenant: Tenant | None = None) -> HandlerContext:
+    """A context for `webhook_send`; a call that reaches the network is signed, which needs
+    the tenant's row (its signing secrets)."""
     return HandlerContext(
         occurrence_id=uuid.uuid4(),
         schedule_id=uuid.uuid4(),
         schedule_version=1,
-        tenant_id=uuid.uuid4(),
+        tenant_id=tenant.id if tenant is not None else uuid.uuid4(),
         scheduled_for=timezone.now(),
         attempt_no=1,
         payload=payload,
@@ -102,8 +105,11 @@ def _url(server: ThreadingHTTPServer, path: str = "/hook") -> str:
 # --- delivery to an allowlisted local server --------------------------------------------
 
 
-def test_webhook_posts_json_with_the_idempotency_key(server, allow_loopback):
-    ctx = _ctx({"url": _url(server, "/hook?x=1"), "body": {"n": 1}, "headers": {"X-Tenant": "a"}})
+def test_webhook_posts_json_with_the_idempotency_key(server, allow_loopback, tenant_a):
+    ctx = _ctx(
+        {"url": _url(server, "/hook?x=1"), "body": {"n": 1}, "headers": {"X-Tenant": "a"}},
+        tenant_a,
+    )
 
     assert webhook_send(ctx=ctx) == 200
 
@@ -135,9 +141,9 @@ def test_webhook_schedule_runs_through_the_worker_path(server, allow_loopback, t
      (404, PermanentError), (400, PermanentError), (410, PermanentError), (301, PermanentError),
      (302, PermanentError)],
 )  # fmt: skip
-def test_webhook_response_classes(server, allow_loopback, status, error):
+def test_webhook_response_classes(server, allow_loopback, tenant_a, status, error):
     with pytest.raises(error):
-        webhook_send(ctx=_ctx({"url": _url(server, f"/status/{status}")}))
+        webhook_send(ctx=_ctx({"url": _url(server, f"/status/{status}")}, tenant_a))
     # Redirects are not followed: the server saw exactly the one request.
     assert [r["path"] for r in server.requests] == [f"/status/{status}"]
 
@@ -211,10 +217,11 @@ def test_retry_after_past_the_retry_deadline_is_capped_at_the_deadline(
     assert state_of(occ) == Occurrence.State.RETRY_WAIT
 
 
-def test_retry_after_is_read_only_from_429_and_503(server, allow_loopback):
+def test_retry_after_is_read_only_from_429_and_503(server, allow_loopback, tenant_a):
     for status, expected in [(429, 30.0), (503, 30.0), (500, None), (408, None)]:
+        url = _url(server, f"/status/{status}?retry-after=30")
         with pytest.raises(TransientError) as excinfo:
-            webhook_send(ctx=_ctx({"url": _url(server, f"/status/{status}?retry-after=30")}))
+            webhook_send(ctx=_ctx({"url": url}, tenant_a))
         assert excinfo.value.retry_after_s == expected, status
 
 
@@ -229,25 +236,25 @@ def test_retry_after_header_forms(header, seconds, settings):
     assert retry_after_s(header) == seconds
 
 
-def test_webhook_read_timeout_is_transient(server, allow_loopback, settings):
+def test_webhook_read_timeout_is_transient(server, allow_loopback, settings, tenant_a):
     settings.TICK_WEBHOOK_READ_TIMEOUT_S = 0.3
     started = time.monotonic()
     with pytest.raises(TransientError, match="timed out"):
-        webhook_send(ctx=_ctx({"url": _url(server, "/sleep")}))
+        webhook_send(ctx=_ctx({"url": _url(server, "/sleep")}, tenant_a))
     assert time.monotonic() - started < 1.2
 
 
-def test_webhook_connection_refused_is_transient(allow_loopback):
+def test_webhook_connection_refused_is_transient(allow_loopback, tenant_a):
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     with pytest.raises(TransientError):
-        webhook_send(ctx=_ctx({"url": f"http://127.0.0.1:{port}/"}))
+        webhook_send(ctx=_ctx({"url": f"http://127.0.0.1:{port}/"}, tenant_a))
 
 
-def test_allowlisted_host_name_may_be_called(server, settings):
+def test_allowlisted_host_name_may_be_called(server, settings, tenant_a):
     settings.TICK_WEBHOOK_ALLOWLIST = ["localhost"]
-    ctx = _ctx({"url": f"http://localhost:{server.server_port}/by-name"})
+    ctx = _ctx({"url": f"http://localhost:{server.server_port}/by-name"}, tenant_a)
     try:
         webhook_send(ctx=ctx)
     except TransientError:  # localhost may resolve to ::1 first, where nothing listens
