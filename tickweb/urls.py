@@ -29,6 +29,7 @@ urlpatterns = [
     ),
     path("api/v1/", include("apps.schedules.api_urls")),
     path("api/v1/", include("apps.occurrences.api_urls")),
+    path("api/v1/", include("apps.tenants.api_urls")),
     # Tenant web UI (docs/ui.md): log in, dashboard, schedules, occurrences, DLQ, keys, members.
     path("", include("apps.tenants.urls")),
     path("", include("apps.schedules.urls")),
