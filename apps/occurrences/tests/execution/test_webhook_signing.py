@@ -1,0 +1,174 @@
+"""Signed webhooks through the worker path (claim, run, complete) to a local receiver, checked
+by a verifier written here from the Standard Webhooks spec with the standard library only —
+not by Tick's signing module — as a receiver would (docs/webhooks.md)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from apps.occurrences.execution.run import occurrence_execute
+from apps.occurrences.execution.webhook import WebhookPayloadError, validate_webhook_payload
+from apps.occurrences.models import Occurrence
+from apps.occurrences.tests.support.rows import occurrence, schedule, state_of
+from apps.tenants.models import SigningSecret
+from apps.tenants.signing import signing_secret_rotate
+
+TOLERANCE_S = 300
+
+
+def verify(secret: str, headers: dict[str, str], body: bytes, *, now: float) -> bool:
+    """A receiver's check: fresh timestamp, and one `v1` signature equal to
+    base64(HMAC-SHA256(base64-decoded secret, "<id>.<timestamp>.<body>"))."""
+    msg_id, stamp = headers["webhook-id"], headers["webhook-timestamp"]
+    if abs(now - int(stamp)) > TOLERANCE_S:
+        return False
+    key = base64.b64decode(secret.removeprefix("whsec_"))
+    mac = hmac.new(key, msg_id.encode() + b"." + stamp.encode() + b"." + body, hashlib.sha256)
+    expected = base64.b64encode(mac.digest()).decode()
+    for candidate in headers["webhook-signature"].split():
+        version, _, sig = candidate.partition(",")
+        if version == "v1" and hmac.compare_digest(sig, expected):
+            return True
+    return False
+
+
+class _Receiver(BaseHTTPRequestHandler):
+    def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        server: Any = self.server
+        server.calls.append(({name.lower(): value for name, value in self.headers.items()}, body))
+        status = server.statuses.pop(0) if server.statuses else 200
+        self.send_response(status)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def receiver(settings: Any) -> Iterator[Any]:
+    settings.TICK_WEBHOOK_ALLOWLIST = ["127.0.0.1/32"]
+    httpd: Any = ThreadingHTTPServer(("127.0.0.1", 0), _Receiver)
+    httpd.calls, httpd.statuses = [], []
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05})
+    thread.daemon = True
+    thread.start()
+    yield httpd
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def _run_webhook(tenant, receiver, body: Any) -> Occurrence:
+    url = f"http://127.0.0.1:{receiver.server_port}/hook"
+    occ = occurrence(schedule(tenant, handler="webhook", payload={"url": url, "body": body}),
+                     timezone.now())  # fmt: skip
+    occurrence_execute(occurrence_id=occ.id, scheduled_for=occ.scheduled_for, worker_id="w")
+    return occ
+
+
+@pytest.mark.django_db
+def test_a_webhook_call_verifies_and_tampering_or_a_stale_timestamp_fails(receiver, tenant_a):
+    _, secret = signing_secret_rotate(tenant=tenant_a, actor="user:alice")
+    body = {"city": "Zürich", "emoji": "✓", "n": [1, 2.5, None]}
+
+    occ = _run_webhook(tenant_a, receiver, body)
+
+    assert state_of(occ) == Occurrence.State.SUCCEEDED
+    [(headers, raw)] = receiver.calls
+    now = time.time()
+    assert json.loads(raw) == body
+    assert abs(int(headers["webhook-timestamp"]) - now) < 60
+    assert verify(secret, headers, raw, now=now)
+    # a changed byte of the body, another secret, a stale or a forged timestamp: refused
+    assert not verify(secret, headers, raw.replace(b"2.5", b"3.5"), now=now)
+    assert not verify(secret, headers, raw + b" ", now=now)
+    _, other = signing_secret_rotate(tenant=tenant_a, actor="user:alice")
+    assert not verify(other, headers, raw, now=now)
+    assert not verify(secret, headers, raw, now=now + TOLERANCE_S + 5)
+    forged = {**headers, "webhook-timestamp": str(int(now) + 10)}
+    assert not verify(secret, forged, raw, now=now)
+
+
+@pytest.mark.django_db
+def test_during_a_rotation_both_signatures_are_sent_and_each_verifies(receiver, tenant_a):
+    _, old = signing_secret_rotate(tenant=tenant_a, actor="user:alice")
+    _, new = signing_secret_rotate(tenant=tenant_a, actor="user:alice")
+
+    _run_webhook(tenant_a, receiver, {"k": 1})
+
+    [(headers, raw)] = receiver.calls
+    parts = headers["webhook-signature"].split(" ")
+    assert len(parts) == 2 and all(p.startswith("v1,") for p in parts)
+    now = time.time()
+    for secret in (old, new):
+        assert verify(secret, headers, raw, now=now)
+        # each secret matches exactly one of the two signatures
+        alone = [verify(secret, {**headers, "webhook-signature": p}, raw, now=now) for p in parts]
+        assert sorted(alone) == [False, True]
+
+
+@pytest.mark.django_db
+def test_after_the_previous_secret_is_revoked_only_the_new_one_verifies(receiver, tenant_a):
+    from apps.tenants.signing import signing_secret_revoke
+
+    old_row, old = signing_secret_rotate(tenant=tenant_a, actor="user:alice")
+    _, new = signing_secret_rotate(tenant=tenant_a, actor="user:alice")
+    signing_secret_revoke(tenant=tenant_a, secret_id=old_row.id, actor="user:alice")
+
+    _run_webhook(tenant_a, receiver, {})
+
+    [(headers, raw)] = receiver.calls
+    assert len(headers["webhook-signature"].split()) == 1
+    assert verify(new, headers, raw, now=time.time())
+    assert not verify(old, headers, raw, now=time.time())
+
+
+@pytest.mark.django_db
+def test_the_idempotency_headers_are_the_occurrence_id_on_every_retry(receiver, tenant_a):
+    _, secret = signing_secret_rotate(tenant=tenant_a, actor="user:alice")
+    receiver.statuses = [503]
+
+    occ = _run_webhook(tenant_a, receiver, {"run": "nightly"})
+    assert state_of(occ) == Occurrence.State.RETRY_WAIT
+    occurrence_execute(occurrence_id=occ.id, scheduled_for=occ.scheduled_for, worker_id="w2")
+
+    assert state_of(occ) == Occurrence.State.SUCCEEDED
+    assert len(receiver.calls) == 2
+    for headers, raw in receiver.calls:
+        assert headers["idempotency-key"] == headers["webhook-id"] == str(occ.id)
+        assert verify(secret, headers, raw, now=time.time())
+
+
+@pytest.mark.django_db
+def test_a_tenant_without_a_secret_gets_one_and_its_calls_are_signed(receiver, tenant_a):
+    assert not SigningSecret.objects.filter(tenant=tenant_a).exists()
+
+    _run_webhook(tenant_a, receiver, {})
+    _run_webhook(tenant_a, receiver, {})
+
+    assert SigningSecret.objects.filter(tenant=tenant_a).count() == 1
+    signatures = [headers["webhook-signature"] for headers, _ in receiver.calls]
+    assert len(signatures) == 2 and all(s.startswith("v1,") for s in signatures)
+
+
+@pytest.mark.parametrize("name", ["webhook-signature", "Webhook-Id", "WEBHOOK-TIMESTAMP"])
+def test_tenants_cannot_set_the_signature_headers(name, settings):
+    settings.TICK_WEBHOOK_ALLOWLIST = []
+    payload = {"url": "https://example.com/hook", "headers": {name: "v1,forged"}}
+
+    with pytest.raises(WebhookPayloadError) as excinfo:
+        validate_webhook_payload(payload)
+
+    assert excinfo.value.field == "headers"
