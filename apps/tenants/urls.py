@@ -1,4 +1,4 @@
-"""Web UI routes of tenants: log in/out, tenant switch, API keys, members."""
+"""Web UI routes of tenants: log in/out, tenant switch, API keys, webhook signing, members."""
 
 from django.contrib.auth import views as auth_views
 from django.urls import path
@@ -11,5 +11,11 @@ urlpatterns = [
     path("tenant/switch/", views.tenant_switch, name="tenant-switch"),
     path("keys/", views.api_keys, name="api-keys"),
     path("keys/<str:key_id>/revoke/", views.api_key_revoke, name="api-key-revoke"),
+    path("signing/", views.signing_secrets, name="signing-secrets"),
+    path(
+        "signing/<str:secret_id>/revoke/",
+        views.signing_secret_revoke_view,
+        name="signing-secret-revoke",
+    ),
     path("members/", views.members, name="members"),
 ]

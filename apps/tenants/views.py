@@ -1,5 +1,5 @@
-"""Tenant web pages: the tenant switcher, API keys, members. The tenancy door of every web
-page (`tenant_page`, `tick_of`, `admin_only`) is `apps/tenants/web.py`."""
+"""Tenant web pages: the tenant switcher, API keys, webhook signing, members. The tenancy
+door of every web page (`tenant_page`, `tick_of`, `admin_only`) is `apps/tenants/web.py`."""
 
 from __future__ import annotations
 
@@ -17,11 +17,25 @@ from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
+from apps.tenants.errors import LastSigningSecret, RotationInProgress
 from apps.tenants.login_security import login_lockout_ends_at
-from apps.tenants.models import ApiKey, Membership
+from apps.tenants.models import ApiKey, Membership, SigningSecret
 from apps.tenants.no_store import shows_secret
 from apps.tenants.services import api_key_create, api_key_revoke_for_tenant
-from apps.tenants.web import SESSION_TENANT, admin_only, memberships_of, tenant_page, tick_of
+from apps.tenants.signing import (
+    access_signing_secret,
+    signing_secret_revoke,
+    signing_secret_rotate,
+    signing_secrets_of,
+)
+from apps.tenants.web import (
+    SESSION_TENANT,
+    actor_of,
+    admin_only,
+    memberships_of,
+    tenant_page,
+    tick_of,
+)
 
 
 def _back(request: HttpRequest, default: str) -> HttpResponseRedirect:
@@ -104,6 +118,57 @@ def api_key_revoke(request: HttpRequest, key_id: str) -> HttpResponse:
         raise Http404("No such API key.")
     messages.success(request, f"Key {key.prefix}… revoked; requests with it now answer 401.")
     return redirect(reverse("api-keys"))
+
+
+@tenant_page
+@shows_secret  # a new secret is on this page once
+def signing_secrets(request: HttpRequest) -> HttpResponse:
+    """The tenant's webhook signing secrets; POST rotates (admins) and shows the new secret
+    once, in a response no cache may keep (docs/webhooks.md)."""
+    tick = tick_of(request)
+    created_raw: str | None = None
+    if request.method == "POST":
+        admin_only(request)
+        try:
+            row, created_raw = signing_secret_rotate(tenant=tick.tenant, actor=actor_of(request))
+        except RotationInProgress as refusal:
+            messages.error(request, refusal.message)
+        else:
+            messages.success(
+                request, f"Secret {row.prefix}… created. Copy it now: it is shown once."
+            )
+    now = timezone.now()
+    rows = [(secret, secret.status_at(now)) for secret in signing_secrets_of(tenant=tick.tenant)]
+    response = render(
+        request,
+        "tick/signing.html",
+        {
+            "rows": rows,
+            "active": SigningSecret.Status.ACTIVE,
+            "created_raw": created_raw,
+            "overlap_h": round(settings.TICK_SIGNING_ROTATION_OVERLAP_S / 3600, 1),
+            "nav": "signing",
+        },
+    )
+    return response
+
+
+@tenant_page
+@require_POST
+def signing_secret_revoke_view(request: HttpRequest, secret_id: str) -> HttpResponse:
+    tick = tick_of(request)
+    access_signing_secret(tenant=tick.tenant, secret_id=secret_id)  # 404 before the role
+    admin_only(request)
+    try:
+        secret = signing_secret_revoke(
+            tenant=tick.tenant, secret_id=secret_id, actor=actor_of(request)
+        )
+    except LastSigningSecret as refusal:
+        messages.error(request, refusal.message)
+    else:
+        messages.success(request, f"Secret {secret.prefix}… revoked; webhooks no longer carry "
+                                  "its signature.")  # fmt: skip
+    return redirect(reverse("signing-secrets"))
 
 
 @tenant_page

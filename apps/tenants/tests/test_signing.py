@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import uuid
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from cryptography.fernet import Fernet
@@ -23,7 +24,7 @@ from apps.tenants.signing import (
 pytestmark = pytest.mark.django_db
 
 
-def _events(tenant) -> list[tuple[str, str, dict]]:
+def _events(tenant) -> list[tuple[str, str, dict[str, Any]]]:
     return [(e.kind, e.actor, e.detail) for e in TenantEvent.objects.filter(tenant=tenant)]
 
 
