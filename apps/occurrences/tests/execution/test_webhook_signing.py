@@ -172,3 +172,45 @@ def test_tenants_cannot_set_the_signature_headers(name, settings):
         validate_webhook_payload(payload)
 
     assert excinfo.value.field == "headers"
+
+
+@pytest.mark.django_db
+def test_the_standard_webhooks_reference_library_accepts_the_call(receiver, tenant_a):
+    from standardwebhooks.webhooks import Webhook, WebhookVerificationError
+
+    _, old = signing_secret_rotate(tenant=tenant_a, actor="user:alice")
+    _, new = signing_secret_rotate(tenant=tenant_a, actor="user:alice")
+    body = {"city": "Zürich", "n": 1}
+
+    _run_webhook(tenant_a, receiver, body)
+
+    [(headers, raw)] = receiver.calls
+    assert Webhook(old).verify(raw, headers) == body
+    assert Webhook(new).verify(raw, headers) == body
+    with pytest.raises(WebhookVerificationError):
+        Webhook(new).verify(raw.replace(b"1", b"2"), headers)
+
+
+def _documented_verifier() -> Any:
+    """The Python block of docs/webhooks.md, run as a receiver would paste it."""
+    from django.conf import settings
+
+    text = (settings.BASE_DIR / "docs" / "webhooks.md").read_text()
+    code = text.split("```python\n", 1)[1].split("```", 1)[0]
+    namespace: dict[str, Any] = {}
+    exec(compile(code, "docs/webhooks.md", "exec"), namespace)  # noqa: S102 - our own docs
+    return namespace["verify_webhook"]
+
+
+@pytest.mark.django_db
+def test_the_verifier_in_the_docs_accepts_the_call_and_refuses_a_tampered_one(receiver, tenant_a):
+    verify_webhook = _documented_verifier()
+    _, secret = signing_secret_rotate(tenant=tenant_a, actor="user:alice")
+
+    _run_webhook(tenant_a, receiver, {"k": "v"})
+
+    [(headers, raw)] = receiver.calls
+    assert verify_webhook(secret, headers, raw) is True
+    assert verify_webhook(secret, headers, raw.replace(b'"v"', b'"w"')) is False
+    stale = {**headers, "webhook-timestamp": str(int(headers["webhook-timestamp"]) - 600)}
+    assert verify_webhook(secret, stale, raw) is False
