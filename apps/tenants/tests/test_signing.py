@@ -20,6 +20,7 @@ from apps.tenants.signing import (
     signing_secret_revoke,
     signing_secret_rotate,
 )
+from apps.tenants.tests.races import run_at_once
 
 pytestmark = pytest.mark.django_db
 
@@ -249,3 +250,42 @@ def test_api_another_tenants_secret_is_a_404_and_stays_untouched(api_a, api_b, t
 def test_api_needs_a_key(client):
     assert client.get("/api/v1/signing-secrets").status_code == 401
     assert client.post("/api/v1/signing-secrets/rotate").status_code == 401
+
+
+# --- races (real PostgreSQL row locks, one connection per thread) --------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_first_calls_create_one_secret_and_all_sign_with_it(tenant_a):
+    now = timezone.now()
+
+    keys = run_at_once(4, lambda _: signing_keys_for_send(tenant_id=tenant_a.id, now=now))
+
+    assert all(isinstance(k, list) for k in keys), keys
+    assert SigningSecret.objects.filter(tenant=tenant_a).count() == 1
+    assert len({tuple(k) for k in keys}) == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_rotations_never_leave_more_than_two_active(tenant_a):
+    signing_secret_rotate(tenant=tenant_a, actor="user:alice")
+
+    results = run_at_once(4, lambda _: signing_secret_rotate(tenant=tenant_a, actor="user:a"))
+
+    assert sum(isinstance(r, tuple) for r in results) == 1
+    assert sum(isinstance(r, RotationInProgress) for r in results) == 3
+    assert len(_active_prefixes(tenant_a)) == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_revocations_of_both_active_secrets_keep_one(tenant_a):
+    old, _ = signing_secret_rotate(tenant=tenant_a, actor="user:alice")
+    new, _ = signing_secret_rotate(tenant=tenant_a, actor="user:alice")
+    ids = [old.id, new.id]
+
+    results = run_at_once(
+        2, lambda i: signing_secret_revoke(tenant=tenant_a, secret_id=ids[i], actor="user:a")
+    )
+
+    assert sum(isinstance(r, LastSigningSecret) for r in results) == 1
+    assert len(_active_prefixes(tenant_a)) == 1
