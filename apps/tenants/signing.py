@@ -85,6 +85,25 @@ def decrypt_secret(token: str) -> str:
         ) from None
 
 
+def signing_secrets_reencrypt() -> int:
+    """Re-encrypt every stored secret with the first configured key (`manage.py
+    signing_keys_reencrypt`), so an older key can then be removed from TICK_SIGNING_KEYS.
+    Each row is rewritten only if unchanged since it was read (no lock needed); returns how
+    many were rewritten. Raises SigningUnavailable if a row no configured key decrypts."""
+    fernet = _fernet()
+    rewritten = 0
+    rows = SigningSecret.objects.order_by("pk").values_list("pk", "secret_encrypted")
+    for pk, token in rows.iterator(chunk_size=500):
+        try:
+            fresh = fernet.rotate(token.encode()).decode()
+        except InvalidToken:
+            raise SigningUnavailable(f"signing secret {pk} cannot be decrypted") from None
+        rewritten += SigningSecret.objects.filter(pk=pk, secret_encrypted=token).update(
+            secret_encrypted=fresh
+        )
+    return rewritten
+
+
 def secret_key_bytes(raw: str) -> bytes:
     """The HMAC key of a `whsec_…` secret (Standard Webhooks: base64 after the prefix)."""
     return base64.b64decode(raw.removeprefix(SECRET_PREFIX))

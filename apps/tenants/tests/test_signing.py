@@ -289,3 +289,26 @@ def test_concurrent_revocations_of_both_active_secrets_keep_one(tenant_a):
 
     assert sum(isinstance(r, LastSigningSecret) for r in results) == 1
     assert len(_active_prefixes(tenant_a)) == 1
+
+
+def test_reencrypt_moves_every_secret_to_the_first_key(tenant_a, tenant_b, settings):
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    _, raw_a = signing_secret_rotate(tenant=tenant_a, actor="user:alice")  # derived key
+    settings.TICK_SIGNING_KEYS = [Fernet.generate_key().decode()]
+    _, raw_b = signing_secret_rotate(tenant=tenant_b, actor="user:charlie")
+    new_key = Fernet.generate_key().decode()
+    settings.TICK_SIGNING_KEYS = [new_key, settings.TICK_SIGNING_KEYS[0]]
+    out = StringIO()
+
+    call_command("signing_keys_reencrypt", stdout=out)
+
+    # only the new key (and no SECRET_KEY-derived one) is left, and both secrets still read
+    settings.TICK_SIGNING_KEYS = [new_key]
+    settings.SECRET_KEY = "another-secret-key-entirely"
+    now = timezone.now()
+    assert signing_keys_for_send(tenant_id=tenant_a.id, now=now) == [base64.b64decode(raw_a[6:])]
+    assert signing_keys_for_send(tenant_id=tenant_b.id, now=now) == [base64.b64decode(raw_b[6:])]
+    assert out.getvalue().strip() == "re-encrypted 2 signing secrets"
