@@ -16,7 +16,7 @@ from django.utils.safestring import SafeString, mark_safe
 from apps.occurrences.models import Occurrence
 from apps.schedules.services import QUOTA_STATES
 from apps.tenants.admin_base import TickModelAdmin, staff_actor
-from apps.tenants.models import ApiKey, Membership, Tenant, TenantEvent
+from apps.tenants.models import ApiKey, Membership, SigningSecret, Tenant, TenantEvent
 from apps.tenants.services import (
     api_key_expiry_check,
     api_key_expiry_shorten,
@@ -186,6 +186,28 @@ class TenantEventAdmin(TickModelAdmin[TenantEvent]):
     show_full_result_count = False
     fields = ["at", "tenant", "kind", "actor", "detail"]
     readonly_fields = ["at", "tenant", "kind", "actor", "detail"]
+
+    def has_add_permission(self, request: object) -> bool:
+        return False
+
+    def has_change_permission(self, request: object, obj: object = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: object, obj: object = None) -> bool:
+        return False
+
+
+@admin.register(SigningSecret)
+class SigningSecretAdmin(TickModelAdmin[SigningSecret]):
+    """Read-only for support staff: which secrets a tenant has and when they rotated. The
+    encrypted secret is never shown; tenants rotate and revoke themselves (docs/webhooks.md)."""
+
+    list_display = ["prefix", "tenant", "created_at", "expires_at", "revoked_at"]
+    list_filter = ["tenant"]
+    list_select_related = ["tenant"]
+    search_fields = ["prefix", "tenant__slug"]
+    fields = ["tenant", "prefix", "created_at", "expires_at", "revoked_at"]
+    readonly_fields = ["tenant", "prefix", "created_at", "expires_at", "revoked_at"]
 
     def has_add_permission(self, request: object) -> bool:
         return False

@@ -101,3 +101,16 @@ def test_the_page_has_no_inline_script_or_style(client, alice, tenant_a):
 
     assert "<script>" not in html and " onclick=" not in html and " onsubmit=" not in html
     assert 'style="' not in html.split("</header>")[1]
+
+
+def test_support_admin_lists_secrets_without_the_secret(admin_client, tenant_a):
+    row, raw = signing_secret_rotate(tenant=tenant_a, actor="user:alice")
+
+    page = admin_client.get("/admin/tenants/signingsecret/")
+    detail = admin_client.get(f"/admin/tenants/signingsecret/{row.id}/change/")
+
+    assert page.status_code == detail.status_code == 200
+    assert row.prefix in page.content.decode()
+    for html in (page.content.decode(), detail.content.decode()):
+        assert raw not in html and row.secret_encrypted not in html
+    assert admin_client.post(f"/admin/tenants/signingsecret/{row.id}/delete/").status_code == 403
