@@ -306,6 +306,9 @@ def check_metrics_access(app_configs: Apps = None, **kwargs: Any) -> list[CheckM
                 id="tick.W020",
             )
         )
+    return errors
+
+
 @checks.register()
 def check_signing_keys(app_configs: Apps = None, **kwargs: Any) -> list[CheckMessage]:
     """Each TICK_SIGNING_KEYS entry must be a Fernet key, or no webhook secret can be stored

@@ -157,6 +157,8 @@ def test_an_admin_without_two_factor_is_w004_under_deploy_checks():
     registered = checks.registry.registry.get_checks(include_deployment_checks=True)
     assert check_admin_two_factor in registered
     assert check_admin_two_factor not in checks.registry.registry.get_checks()
+
+
 def test_a_malformed_signing_key_is_e060_and_a_real_one_passes():
     from cryptography.fernet import Fernet
 
