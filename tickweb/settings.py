@@ -56,6 +56,8 @@ MIDDLEWARE = [
     # Before/After pair: the Prometheus middleware times everything in between.
     "django_prometheus.middleware.PrometheusBeforeMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    # A NUL in the path or query is a 400 before any view or query runs (tickweb/middleware.py).
+    "tickweb.middleware.RejectNulMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",

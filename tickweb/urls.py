@@ -1,5 +1,8 @@
 from csp.decorators import csp_update
 from django.contrib import admin
+from django.contrib.contenttypes.views import shortcut
+from django.core.exceptions import ValidationError
+from django.http import Http404, HttpRequest, HttpResponse
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
@@ -7,7 +10,19 @@ from apps.occurrences.admin import admin_urlpatterns as occurrence_admin_urls
 from apps.occurrences.observability import health, metrics_access
 from tickweb.csp import SWAGGER_INLINE_STYLE_TEMPLATES, style_hash_update
 
+
+def view_on_site(request: HttpRequest, content_type_id: str, object_id: str) -> HttpResponse:
+    """The admin's "view on site" redirect, with a malformed id a 404: Django's own view
+    lets the ValidationError of a non-UUID primary key through as a 500."""
+    try:
+        return shortcut(request, content_type_id, object_id)
+    except ValidationError:
+        raise Http404("No such object.") from None
+
+
 urlpatterns = [
+    # Before the admin's own route of the same path (see view_on_site).
+    path("admin/r/<path:content_type_id>/<path:object_id>/", view_on_site),
     # Support staff's occurrence browser (composite keys: no ModelAdmin), before the admin.
     path("admin/", include(occurrence_admin_urls)),
     path("admin/", admin.site.urls),

@@ -9,7 +9,6 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import path, reverse
 from django.utils import timezone
-from django.utils.dateparse import parse_datetime
 
 from apps.occurrences.execution.replay import occurrences_replay
 from apps.occurrences.models import (
@@ -19,6 +18,7 @@ from apps.occurrences.models import (
     ShardLease,
     WorkerPresence,
 )
+from apps.occurrences.selectors import parse_instant
 from apps.tenants.admin_base import TickModelAdmin
 from apps.tenants.models import Tenant
 
@@ -92,10 +92,19 @@ def occurrence_browser(request: HttpRequest) -> HttpResponse:
     now = timezone.now()
     params = request.GET
     hours = params.get("hours", "24")
-    span = timedelta(hours=int(hours)) if hours.isdigit() and 0 < int(hours) <= 24 * 31 else None
+    valid = hours.isascii() and hours.isdigit() and 0 < int(hours) <= 24 * 31
+    span = timedelta(hours=int(hours)) if valid else None
     span = span or timedelta(hours=24)
-    until = parse_datetime(params.get("until", "")) or now + timedelta(hours=1)
-    since = until - span
+    until, since = now + timedelta(hours=1), now + timedelta(hours=1) - span
+    if params.get("until"):
+        try:
+            # Naive input is UTC wall-clock time, like the tenants' web filters.
+            typed = parse_instant(params["until"], naive_as_utc=True)
+            until, since = typed, typed - span
+        except ValueError as err:
+            messages.error(request, f"until: {err} Showing the default range.")
+        except OverflowError:
+            messages.error(request, "until: too close to the edge of the calendar.")
     queryset = Occurrence.objects.filter(scheduled_for__gte=since, scheduled_for__lt=until)
     tenants = list(Tenant.objects.order_by("slug").values_list("id", "slug"))
     if params.get("tenant"):
@@ -108,9 +117,11 @@ def occurrence_browser(request: HttpRequest) -> HttpResponse:
         except ValueError:
             messages.error(request, "Schedule must be a UUID.")
     if params.get("before"):
-        before = parse_datetime(params["before"])
-        if before is not None:
+        try:
+            before = parse_instant(params["before"], naive_as_utc=True)
             queryset = queryset.filter(scheduled_for__lt=before)
+        except ValueError as err:
+            messages.error(request, f"before: {err} Showing the first page.")
     rows = list(queryset.select_related("tenant", "schedule").order_by("-scheduled_for")[
         : BROWSER_PAGE + 1
     ])  # fmt: skip

@@ -37,8 +37,12 @@ def with_first_start(queryset: QuerySet[Occurrence]) -> QuerySet[Occurrence]:
 
 def access_occurrence(*, tenant: Tenant, occurrence_id: uuid.UUID | str) -> Occurrence:
     """The tenant's occurrence (with `first_started_at`), or 404 — also for another
-    tenant's id."""
-    occurrence = with_first_start(occurrences_for(tenant=tenant)).filter(id=occurrence_id).first()
+    tenant's id, and for an id that is no UUID (parsed before the query)."""
+    try:
+        parsed = occurrence_id if isinstance(occurrence_id, uuid.UUID) else uuid.UUID(occurrence_id)
+    except (ValueError, TypeError, AttributeError):
+        raise Http404("No such occurrence.") from None
+    occurrence = with_first_start(occurrences_for(tenant=tenant)).filter(id=parsed).first()
     if occurrence is None:
         raise Http404("No such occurrence.")
     return occurrence
@@ -127,8 +131,10 @@ class OccurrenceFilter:
         return queryset
 
 
-def _instant(text: str, *, naive_as_utc: bool) -> datetime:
-    """ISO 8601 → an aware UTC datetime; ValueError with the message for people."""
+def parse_instant(text: str, *, naive_as_utc: bool) -> datetime:
+    """ISO 8601 → an aware UTC datetime; ValueError with the message for people. The one
+    parser of instants typed into a filter (API, web UI, admin): a malformed or impossible
+    date is bad input, never a 500."""
     try:
         # parse_datetime raises for a well-formed impossible date (2026-02-30T00:00:00Z), and
         # the conversion to UTC for an instant at the edge of the calendar.
@@ -171,7 +177,7 @@ def parse_occurrence_filter(
     for name in ("from", "to"):
         try:
             if text[name]:
-                instants[name] = _instant(text[name], naive_as_utc=naive_as_utc)
+                instants[name] = parse_instant(text[name], naive_as_utc=naive_as_utc)
         except ValueError as err:
             errors[name] = str(err)
     if errors:

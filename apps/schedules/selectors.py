@@ -16,10 +16,13 @@ def schedules_for(*, tenant: Tenant) -> QuerySet[Schedule]:
 
 
 def access_schedule(*, tenant: Tenant, schedule_id: uuid.UUID | str) -> Schedule:
-    """The tenant's schedule, or 404 — also for another tenant's id (never 403, never data)."""
+    """The tenant's schedule, or 404 — also for another tenant's id (never 403, never data)
+    and for an id that is no UUID at all (a malformed web path is a page that does not exist,
+    never a 500: the id is parsed here, before the query)."""
     try:
-        return schedules_for(tenant=tenant).get(id=schedule_id)
-    except (Schedule.DoesNotExist, ValueError, TypeError):
+        parsed = schedule_id if isinstance(schedule_id, uuid.UUID) else uuid.UUID(schedule_id)
+        return schedules_for(tenant=tenant).get(id=parsed)
+    except (Schedule.DoesNotExist, ValueError, TypeError, AttributeError):
         raise Http404("No such schedule.") from None
 
 
