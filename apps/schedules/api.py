@@ -165,7 +165,9 @@ class ScheduleListCreate(TenantView):
         principal = principal_of(request)
         key = request.headers.get("Idempotency-Key")
         if key is None:
-            serializer = ScheduleCreateSerializer(data=request.data)
+            serializer = ScheduleCreateSerializer(
+                data=request.data, context={"tenant": principal.tenant}
+            )
             serializer.is_valid(raise_exception=True)
             schedule = schedule_create(
                 tenant=principal.tenant, spec=serializer.to_spec(), actor=principal.actor
@@ -184,7 +186,9 @@ class ScheduleListCreate(TenantView):
         )
         if stored is not None:
             return _idempotent_response(stored)
-        serializer = ScheduleCreateSerializer(data=request.data)
+        serializer = ScheduleCreateSerializer(
+            data=request.data, context={"tenant": principal.tenant}
+        )
         serializer.is_valid(raise_exception=True)
         spec = serializer.to_spec()
 
@@ -277,8 +281,10 @@ class ScheduleDraftPreview(TenantView):
     )
     def post(self, request: Request) -> Response:
         """Preview an unsaved definition; validated exactly as on create, nothing is stored."""
-        principal_of(request)
-        draft = SchedulePreviewDraftSerializer(data=request.data)
+        principal = principal_of(request)
+        draft = SchedulePreviewDraftSerializer(
+            data=request.data, context={"tenant": principal.tenant}
+        )
         draft.is_valid(raise_exception=True)
         entries = schedule_preview(
             timing=draft.to_spec(), after=timezone.now(), count=draft.validated_data["count"]

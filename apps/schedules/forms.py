@@ -18,6 +18,7 @@ from apps.schedules.serializers import (
     SchedulePreviewDraftSerializer,
     update_serializer,
 )
+from apps.tenants.models import Tenant
 
 
 @cache
@@ -110,16 +111,18 @@ class ScheduleForm(forms.Form):
 
 def _merge_errors(form: forms.Form, errors: Any) -> None:
     for field, messages in dict(errors).items():
-        target = field if field in form.fields else None
+        # A payload's own field (`payload.url`) is shown on the payload box, named.
+        top, _, inner = field.partition(".")
+        target = top if top in form.fields else None
         for message in messages if isinstance(messages, list) else [messages]:
-            form.add_error(target, str(message))
+            form.add_error(target, f"{inner}: {message}" if inner else str(message))
 
 
-def validated_create(form: ScheduleForm) -> ScheduleCreateSerializer | None:
+def validated_create(form: ScheduleForm, *, tenant: Tenant) -> ScheduleCreateSerializer | None:
     """The API's create serializer over the form, or None with the errors on the form."""
     if not form.is_valid():
         return None
-    serializer = ScheduleCreateSerializer(data=form.api_data())
+    serializer = ScheduleCreateSerializer(data=form.api_data(), context={"tenant": tenant})
     if not serializer.is_valid():
         _merge_errors(form, serializer.errors)
         return None
@@ -137,7 +140,7 @@ def validated_update(form: ScheduleForm, schedule: Schedule) -> ScheduleCreateSe
     return serializer
 
 
-def validated_draft(form: ScheduleForm) -> SchedulePreviewDraftSerializer | None:
+def validated_draft(form: ScheduleForm, *, tenant: Tenant) -> SchedulePreviewDraftSerializer | None:
     """The API's draft-preview serializer (name and handler optional)."""
     if not form.is_valid():
         return None
@@ -145,7 +148,7 @@ def validated_draft(form: ScheduleForm) -> SchedulePreviewDraftSerializer | None
     for optional in ("name", "handler"):
         if not body[optional]:
             del body[optional]
-    serializer = SchedulePreviewDraftSerializer(data=body)
+    serializer = SchedulePreviewDraftSerializer(data=body, context={"tenant": tenant})
     if not serializer.is_valid():
         _merge_errors(form, serializer.errors)
         return None

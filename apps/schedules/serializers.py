@@ -55,6 +55,9 @@ class StrictIntegerField(serializers.IntegerField):
 
 
 class ScheduleCreateSerializer(serializers.Serializer[Any]):
+    """A schedule's definition. Context: `tenant` (whose limits a handler's payload is
+    judged by, e.g. the webhook's port allowlist) and, on update, `current_run_at`."""
+
     name = StrictCharField(max_length=200)
     kind = serializers.ChoiceField(choices=list(KIND_IN))
     expression = StrictCharField(max_length=200, required=False, allow_blank=True, default="")
@@ -212,9 +215,11 @@ class ScheduleCreateSerializer(serializers.Serializer[Any]):
         spec = handler_spec(attrs["handler"]) if "handler" in attrs else None
         try:
             if spec is not None and "payload" in attrs:
-                spec.validate_payload(attrs["payload"])
+                spec.validate_payload(attrs["payload"], tenant=self.context.get("tenant"))
         except PayloadError as err:
-            add("payload", f"{err.field}: {err.message}")
+            # Named by its place in the payload (`payload.url`, `payload.headers`), like any
+            # nested field of the error shape (docs/api.md).
+            add("payload" if err.field == "payload" else f"payload.{err.field}", err.message)
         return errors
 
     def _resolve_run_at(self, attrs: dict[str, Any]) -> None:
@@ -401,7 +406,9 @@ def update_serializer(schedule: Schedule, data: Any) -> ScheduleCreateSerializer
     if not isinstance(data, dict):
         raise serializers.ValidationError({"non_field_errors": ["Expected a JSON object."]})
     merged = {**schedule_as_input(schedule), **data}
-    return ScheduleCreateSerializer(data=merged, context={"current_run_at": schedule.run_at})
+    return ScheduleCreateSerializer(
+        data=merged, context={"current_run_at": schedule.run_at, "tenant": schedule.tenant}
+    )
 
 
 class AnyCaseChoiceField(serializers.ChoiceField):

@@ -159,7 +159,7 @@ def schedule_new(request: HttpRequest) -> HttpResponse:
         return _form_page(request, ScheduleForm(initial=initial), None)
     admin_only(request)
     form = ScheduleForm(request.POST)
-    serializer = validated_create(form)
+    serializer = validated_create(form, tenant=tick.tenant)
     if serializer is None:
         return _form_page(request, form, None, status=400)
     try:
@@ -201,7 +201,7 @@ def schedule_preview_draft(request: HttpRequest) -> HttpResponse:
     """The live preview (htmx, while typing): validated exactly as the API's draft preview;
     nothing is stored, so viewers may use it too."""
     form = ScheduleForm(request.POST)
-    serializer = validated_draft(form)
+    serializer = validated_draft(form, tenant=tick_of(request).tenant)
     if serializer is None:
         return render(request, "tick/_preview.html", {"form": form, "entries": None})
     entries = schedule_preview(timing=serializer.to_spec(), after=timezone.now(), count=10)

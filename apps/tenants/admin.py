@@ -40,6 +40,7 @@ class TenantAdmin(TickModelAdmin[Tenant]):
         ("Quotas", {"fields": ["max_active_schedules", "trigger_rate_per_s", "max_running",
                                "catchup_rate_per_s", "min_interval_s", "api_rate_per_min",
                                "retry_budget_per_hour", "max_timeout_s"]}),
+        ("Webhooks", {"fields": ["webhook_allowed_ports"]}),
         ("Usage", {"fields": ["schedules_in_quota", "running_now", "active_api_keys"]}),
         ("Account log", {"fields": ["recent_events"]}),
     ]  # fmt: skip

@@ -6,7 +6,12 @@ import uuid
 from datetime import datetime
 
 from django.conf import settings
+from django.contrib.postgres.fields import ArrayField
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
+
+# The most extra webhook ports one tenant may open (Tenant.webhook_allowed_ports).
+MAX_WEBHOOK_PORTS = 20
 
 
 class Tenant(models.Model):
@@ -29,6 +34,17 @@ class Tenant(models.Model):
     retry_budget_per_hour = models.PositiveIntegerField(default=1_000)
     # Longest run-time limit a schedule of this tenant may ask for (`Schedule.timeout_s`).
     max_timeout_s = models.PositiveIntegerField(default=3_600)
+    # Ports a webhook of this tenant may call besides 80 and 443 (SSRF guard: a port names a
+    # service, and internal ones such as 6379 or 5432 stay closed unless an operator opens
+    # them here). Checked at create/update/preview and again at each send.
+    webhook_allowed_ports = ArrayField(
+        models.PositiveIntegerField(validators=[MinValueValidator(1), MaxValueValidator(65535)]),
+        size=MAX_WEBHOOK_PORTS,
+        default=list,
+        blank=True,
+        help_text="Extra TCP ports (1–65535, comma-separated) webhooks may call besides 80 and "
+        "443. Empty: only 80 and 443.",
+    )
 
     class Meta:
         ordering = ["slug"]

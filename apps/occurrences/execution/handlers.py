@@ -35,7 +35,8 @@ class PermanentError(Exception):
 
 class PayloadError(PermanentError):
     """The payload does not suit its handler: `field` names the offending key ("payload" for
-    the payload as a whole); the API answers it as `{"payload": ["<field>: <message>"]}`."""
+    the payload as a whole); the API answers it as `{"payload.<field>": ["<message>"]}`
+    (`{"payload": [...]}` for the whole)."""
 
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")

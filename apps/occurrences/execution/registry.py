@@ -7,26 +7,32 @@ registers itself on import: what is not in this literal (or, for the demo handle
 The setting is read at each lookup, so the API, the UI and the worker see the same set.
 
 Each entry pairs what the worker runs (run.py) with the payload validator the schedules API
-and UI call at create and update; a validator raises `PayloadError`, which the API answers
-as 400 on `payload`. Validators check only what needs no network: the webhook's target is
-resolved and checked again at each run (webhook.py), since DNS answers change. Each entry also
-declares the handler's default run-time limit, which a schedule's `timeout_s` may replace
-(deadlines.py).
+and UI call at create, update and preview (with the schedule's tenant); a validator raises
+`PayloadError`, which the API answers as 400 on `payload`. Validators check only what needs
+no network: the webhook's target is resolved and checked again at each run (webhook.py),
+since DNS answers change. Each entry also declares the handler's default run-time limit,
+which a schedule's `timeout_s` may replace (deadlines.py).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from django.conf import settings
 
 from apps.occurrences.execution.handlers import Handler, noop_handler
 from apps.occurrences.execution.webhook import validate_webhook_payload, webhook_handler
+from apps.tenants.models import Tenant
 
-PayloadValidator = Callable[[Any], None]
+
+class PayloadValidator(Protocol):
+    """Raises PayloadError for a payload the handler cannot use on behalf of `tenant` (its
+    own limits, e.g. the webhook's port allowlist; None: the defaults)."""
+
+    def __call__(self, payload: Any, *, tenant: Tenant | None = None) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -38,7 +44,7 @@ class HandlerSpec:
     default_timeout_s: int
 
 
-def any_json_payload(payload: Any) -> None:
+def any_json_payload(payload: Any, *, tenant: Tenant | None = None) -> None:
     """Accept any JSON value: the API has already parsed it and capped its size."""
 
 

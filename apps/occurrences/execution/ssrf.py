@@ -5,11 +5,13 @@ every resolved address is checked, and the caller connects to a checked address 
 DNS rebinding between "check" and "connect" is impossible. `check_url` is the cheap,
 DNS-free part, also used when a schedule is created.
 
-Refused unless an operator allowlist (`TICK_WEBHOOK_ALLOWLIST`) says otherwise: schemes other
-than http/https, credentials in the URL, loopback, private, link-local, CGNAT, multicast,
-unspecified, reserved/documentation ranges, the same addresses hidden in IPv6 wrappers
-(IPv4-mapped, IPv4-compatible, NAT64 64:ff9b::/96, 6to4 2002::/16, Teredo) and IPv4 spelled
-any way but dotted decimal (2130706433, 0x7f.1, 0177.0.0.1, 127.1).
+Always refused: URLs the parser cannot take apart, schemes other than http/https,
+credentials in the URL, and ports other than 80 and 443 unless the tenant's
+`webhook_allowed_ports` names them (docs/decisions.md "Webhook ports"). Refused unless an
+operator allowlist (`TICK_WEBHOOK_ALLOWLIST`) says otherwise: loopback, private, link-local,
+CGNAT, multicast, unspecified, reserved/documentation ranges, the same addresses hidden in
+IPv6 wrappers (IPv4-mapped, IPv4-compatible, NAT64 64:ff9b::/96, 6to4 2002::/16, Teredo) and
+IPv4 spelled any way but dotted decimal (2130706433, 0x7f.1, 0177.0.0.1, 127.1).
 """
 
 from __future__ import annotations
@@ -17,9 +19,9 @@ from __future__ import annotations
 import ipaddress
 import re
 import socket
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -27,6 +29,12 @@ IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 class SSRFRefused(ValueError):
     """The URL or one of its resolved addresses is not allowed as a webhook target."""
+
+
+# The ports every tenant's webhooks may call; others only through the tenant's allowlist.
+DEFAULT_PORTS = frozenset({80, 443})
+# Characters left as they are when a non-ASCII request path is percent-encoded.
+_URL_SAFE = "/?&=:;@!$'()*+,~%#[]"
 
 
 # Belt and braces next to `is_global`, whose lists changed between Python patch releases.
@@ -144,25 +152,35 @@ def _literal_address(host: str) -> IPAddress | None:
     return None
 
 
-def check_url(url: str, *, allowlist: Allowlist) -> Target:
-    """Parse and check what can be checked without DNS (scheme, credentials, literals)."""
+def check_url(url: str, *, allowlist: Allowlist, extra_ports: Collection[int] = ()) -> Target:
+    """Parse and check what can be checked without DNS (scheme, credentials, port, literals).
+
+    Any URL the parser cannot take apart (`http://[::1/`, `http://[abc]/`, a host that is
+    no IDNA name) is refused here like any other bad target, never an unexpected error: at
+    create time it is a field error, at send time a permanent failure. The port must be
+    80, 443 or one of `extra_ports` (the tenant's `webhook_allowed_ports`)."""
     if not isinstance(url, str) or len(url) > 2048:
         raise SSRFRefused("url must be a string of at most 2048 characters")
-    if any(ch.isspace() or ord(ch) < 0x20 for ch in url):
+    if any(ch.isspace() or ord(ch) < 0x20 or ord(ch) == 0x7F for ch in url):
         raise SSRFRefused("url must not contain whitespace or control characters")
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+        hostname, explicit_port = parts.hostname, parts.port
+    except ValueError as exc:  # unbalanced brackets, a bracketed non-address, a bad port
+        raise SSRFRefused(f"url is malformed ({exc})") from None
     scheme = parts.scheme.lower()
     if scheme not in ("http", "https"):
         raise SSRFRefused(f"scheme {parts.scheme!r} is not allowed (http or https only)")
     if parts.username is not None or parts.password is not None:
         raise SSRFRefused("credentials in the url are not allowed (use headers)")
-    try:
-        port = parts.port or (443 if scheme == "https" else 80)
-    except ValueError:
-        raise SSRFRefused("url has an invalid port") from None
-    host = (parts.hostname or "").rstrip(".").lower()
-    if not host:
-        raise SSRFRefused("url has no host")
+    default_port = 443 if scheme == "https" else 80
+    port = default_port if explicit_port is None else explicit_port
+    if port not in DEFAULT_PORTS and port not in extra_ports:
+        raise SSRFRefused(
+            f"port {port} is not allowed (80 and 443 only, unless the tenant's webhook port "
+            "allowlist names it)"
+        )
+    host = _ascii_host((hostname or "").rstrip("."), bracketed="[" in parts.netloc)
     if host not in allowlist.hosts:
         literal = _literal_address(host)
         if literal is not None:
@@ -171,10 +189,32 @@ def check_url(url: str, *, allowlist: Allowlist) -> Target:
                 raise SSRFRefused(reason)
     path = parts.path or "/"
     request_path = f"{path}?{parts.query}" if parts.query else path
+    if not request_path.isascii():
+        # The request line is sent as ASCII: non-ASCII characters are percent-encoded here
+        # (as a browser would) instead of failing at send time.
+        request_path = quote(request_path, safe=_URL_SAFE)
     netloc_host = f"[{host}]" if ":" in host else host
-    default_port = 443 if scheme == "https" else 80
     host_header = netloc_host if port == default_port else f"{netloc_host}:{port}"
     return Target(scheme, host, port, request_path, host_header)
+
+
+def _ascii_host(host: str, *, bracketed: bool) -> str:
+    """The host lower-cased in its ASCII (IDNA) form, as DNS and the Host header carry it;
+    a bracketed host must be an IPv6 address (never an IPvFuture or a name)."""
+    if not host:
+        raise SSRFRefused("url has no host")
+    if bracketed:
+        try:
+            ipaddress.IPv6Address(host.split("%", 1)[0])
+        except ValueError:
+            raise SSRFRefused(f"host [{host}] is not an IPv6 address") from None
+        return host.lower()
+    try:
+        # Also for ASCII: the codec refuses empty and over-long labels, which the resolver
+        # would otherwise reject with an unexpected error at each send.
+        return host.encode("idna").decode("ascii").lower()
+    except UnicodeError:
+        raise SSRFRefused(f"host {host!r} is not a valid domain name") from None
 
 
 def _resolve(host: str, port: int) -> Sequence[IPAddress]:
@@ -187,14 +227,16 @@ def _resolve(host: str, port: int) -> Sequence[IPAddress]:
     return addresses
 
 
-def resolve_target(url: str, *, allowlist: Allowlist) -> ResolvedTarget:
+def resolve_target(
+    url: str, *, allowlist: Allowlist, extra_ports: Collection[int] = ()
+) -> ResolvedTarget:
     """Check the URL, resolve its host once and check every address (connect-time guard).
 
     Every address must pass: a name that resolves to one public and one private address is
     refused, so the choice of address can never be steered towards the private one.
     Raises SSRFRefused, or OSError (socket.gaierror) when the name does not resolve.
     """
-    target = check_url(url, allowlist=allowlist)
+    target = check_url(url, allowlist=allowlist, extra_ports=extra_ports)
     addresses = _resolve(target.host, target.port)
     if not addresses:
         raise OSError(f"{target.host} did not resolve")

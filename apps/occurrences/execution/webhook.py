@@ -1,8 +1,11 @@
 """The built-in `webhook` handler: POST JSON to the URL the tenant gave in the payload.
 
-Payload (validated at schedule create by `validate_webhook_payload`, again at run time):
+Payload (validated at schedule create, update and preview by `validate_webhook_payload`,
+again at run time, where a failure is permanent: DEAD at once):
     {"url": "https://example.com/hook", "body": <any JSON, default {}>,
-     "headers": {"X-Name": "value", ...}}          # optional, string values
+     "headers": {"X-Name": "value", ...}}          # optional: `check_headers`
+
+The URL's port must be 80, 443 or one the tenant's `webhook_allowed_ports` names.
 
 Request: `POST url`, `Content-Type: application/json`, `Idempotency-Key: <occurrence_id>`,
 `User-Agent: Tick-Webhook/1`, the signature headers `webhook-id` (the occurrence id),
@@ -27,8 +30,10 @@ occurrence's retry deadline. A malformed header is ignored (the usual backoff ap
 from __future__ import annotations
 
 import json
+import re
 import ssl
-from collections.abc import Mapping
+import uuid
+from collections.abc import Collection, Mapping
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any
@@ -54,13 +59,24 @@ from apps.occurrences.execution.ssrf import (
 )
 from apps.occurrences.observability import metrics
 from apps.tenants.errors import SigningUnavailable
+from apps.tenants.models import Tenant
 from apps.tenants.signing import SIGNATURE_HEADERS, webhook_signature_headers
 
+# Headers a tenant may not set: Tick writes them (Host, Content-Type, Content-Length,
+# Idempotency-Key, User-Agent), they are hop-by-hop (RFC 9110 7.6.1: Connection, Keep-Alive,
+# TE, Trailer, Transfer-Encoding, Upgrade, Proxy-*), or they change how the request is framed
+# or routed (Expect). A forged framing header would smuggle a second request to the target.
 RESERVED_HEADERS = frozenset(
     {"host", "content-length", "content-type", "idempotency-key", "transfer-encoding",
-     "connection", "user-agent", "expect", "te", "upgrade", "proxy-authorization",
+     "connection", "keep-alive", "proxy-connection", "user-agent", "expect", "te", "trailer",
+     "upgrade", "proxy-authorization", "proxy-authenticate",
      *SIGNATURE_HEADERS}
 )  # fmt: skip
+# RFC 7230 3.2.6 `token`: the only characters a header name may have.
+_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+MAX_HEADER_NAME_CHARS = 128
+MAX_HEADER_VALUE_CHARS = 4096
+MAX_HEADERS_CHARS = 16 * 1024  # names and values together
 MAX_BODY_BYTES = 256 * 1024
 MAX_HEADERS = 20
 USER_AGENT = "Tick-Webhook/1"
@@ -76,34 +92,86 @@ def allowlist() -> Allowlist:
     return Allowlist.parse(settings.TICK_WEBHOOK_ALLOWLIST)
 
 
-def validate_webhook_payload(payload: Any) -> None:
-    """Raise WebhookPayloadError (field, message) unless `payload` is a valid webhook payload.
+def webhook_ports_of(tenant: Tenant | None) -> frozenset[int]:
+    """The ports besides 80 and 443 the tenant's webhooks may call (none without a tenant)."""
+    return frozenset(tenant.webhook_allowed_ports) if tenant is not None else frozenset()
+
+
+def validate_webhook_payload(payload: Any, *, tenant: Tenant | None = None) -> None:
+    """Raise WebhookPayloadError (field, message) unless `payload` is a valid webhook payload
+    for `tenant` (its port allowlist; without a tenant only 80 and 443).
 
     Checks everything that needs no DNS (the connect-time guard still resolves and checks
     every address at each run): the webhook's validator in registry.py, called by the
-    schedules serializer at create/update.
+    schedules serializer at create, update and preview, and again before each send.
     """
+    check_webhook_payload(payload, extra_ports=webhook_ports_of(tenant))
+
+
+def check_webhook_payload(payload: Any, *, extra_ports: Collection[int]) -> None:
     if not isinstance(payload, Mapping):
         raise WebhookPayloadError("payload", "must be an object with a 'url'")
     unknown = set(payload) - {"url", "body", "headers"}
     if unknown:
         raise WebhookPayloadError("payload", f"unknown keys: {', '.join(sorted(unknown))}")
     try:
-        check_url(payload.get("url"), allowlist=allowlist())  # type: ignore[arg-type]
+        check_url(payload.get("url"), allowlist=allowlist(), extra_ports=extra_ports)  # type: ignore[arg-type]
     except SSRFRefused as exc:
         raise WebhookPayloadError("url", str(exc)) from None
-    headers = payload.get("headers", {})
-    if not isinstance(headers, Mapping) or len(headers) > MAX_HEADERS:
-        raise WebhookPayloadError("headers", f"must be an object of at most {MAX_HEADERS}")
-    for name, value in headers.items():
-        if not isinstance(name, str) or not isinstance(value, str):
-            raise WebhookPayloadError("headers", "names and values must be strings")
-        if name.lower() in RESERVED_HEADERS:
-            raise WebhookPayloadError("headers", f"{name!r} is set by Tick")
-        if any(ch in name + value for ch in "\r\n\0") or not name.strip():
-            raise WebhookPayloadError("headers", f"{name!r} has an invalid name or value")
+    check_headers(payload.get("headers", {}))
     if len(_body_bytes(payload.get("body", {}))) > MAX_BODY_BYTES:
         raise WebhookPayloadError("body", f"must encode to at most {MAX_BODY_BYTES} bytes")
+
+
+def check_headers(headers: Any) -> None:
+    """The tenant's extra request headers: an object of at most MAX_HEADERS names, each an
+    RFC 7230 token that Tick does not reserve (RESERVED_HEADERS), given once in any letter
+    case; each value a string of Latin-1 characters (what HTTP/1.1 carries) without CR, LF,
+    NUL or other control characters but tab; bounded sizes. Raises WebhookPayloadError on
+    `headers`, naming the header."""
+    if not isinstance(headers, Mapping):
+        raise WebhookPayloadError("headers", "must be an object of header names to values")
+    if len(headers) > MAX_HEADERS:
+        raise WebhookPayloadError("headers", f"at most {MAX_HEADERS} headers, got {len(headers)}")
+    seen: set[str] = set()
+    total = 0
+    for name, value in headers.items():
+        if not isinstance(name, str) or not _HEADER_NAME.match(name):
+            raise WebhookPayloadError(
+                "headers", f"{str(name)[:40]!r} is not a valid header name (an RFC 7230 token)"
+            )
+        if len(name) > MAX_HEADER_NAME_CHARS:
+            raise WebhookPayloadError(
+                "headers", f"header names have at most {MAX_HEADER_NAME_CHARS} characters"
+            )
+        folded = name.lower()
+        if folded in RESERVED_HEADERS:
+            raise WebhookPayloadError(
+                "headers", f"{name!r} is reserved (set by Tick or hop-by-hop)"
+            )
+        if folded in seen:
+            raise WebhookPayloadError("headers", f"{name!r} is given twice (names ignore case)")
+        seen.add(folded)
+        if not isinstance(value, str):
+            raise WebhookPayloadError("headers", f"the value of {name!r} must be a string")
+        if len(value) > MAX_HEADER_VALUE_CHARS:
+            raise WebhookPayloadError(
+                "headers",
+                f"the value of {name!r} is longer than {MAX_HEADER_VALUE_CHARS} characters",
+            )
+        if any(ord(ch) > 0xFF for ch in value):
+            raise WebhookPayloadError(
+                "headers", f"the value of {name!r} has characters outside Latin-1"
+            )
+        if any((ord(ch) < 0x20 and ch != "\t") or ord(ch) == 0x7F for ch in value):
+            raise WebhookPayloadError(
+                "headers", f"the value of {name!r} has a control character (CR, LF, NUL, …)"
+            )
+        total += len(name) + len(value)
+    if total > MAX_HEADERS_CHARS:
+        raise WebhookPayloadError(
+            "headers", f"names and values together exceed {MAX_HEADERS_CHARS} characters"
+        )
 
 
 def _body_bytes(body: Any) -> bytes:
@@ -129,12 +197,25 @@ def _pool(resolved: ResolvedTarget, timeout: urllib3.Timeout) -> urllib3.HTTPCon
     )
 
 
+def _tenant_ports(tenant_id: uuid.UUID) -> frozenset[int]:
+    ports = (
+        Tenant.objects.filter(id=tenant_id).values_list("webhook_allowed_ports", flat=True).first()
+    )
+    return frozenset(ports or ())
+
+
 def webhook_send(*, ctx: HandlerContext) -> int:
-    """Send one webhook for `ctx`; returns the 2xx status or raises a classified error."""
+    """Send one webhook for `ctx`; returns the 2xx status or raises a classified error.
+
+    The payload is checked again as at create, against the tenant's port allowlist as it is
+    now: a configuration error (bad header, bad URL, a port no longer allowed) is permanent
+    (WebhookPayloadError, a PermanentError), so the occurrence goes DEAD at once with the
+    reason instead of retrying what cannot succeed."""
     payload = ctx.payload
+    extra_ports = _tenant_ports(ctx.tenant_id)
     try:
-        validate_webhook_payload(payload)
-        resolved = resolve_target(payload["url"], allowlist=allowlist())
+        check_webhook_payload(payload, extra_ports=extra_ports)
+        resolved = resolve_target(payload["url"], allowlist=allowlist(), extra_ports=extra_ports)
     except SSRFRefused as exc:
         metrics.webhook_refused.inc()
         raise PermanentError(f"webhook target refused: {exc}") from None

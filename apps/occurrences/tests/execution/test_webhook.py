@@ -29,9 +29,13 @@ from apps.occurrences.execution.webhook import (
     validate_webhook_payload,
     webhook_send,
 )
-from apps.occurrences.models import DispatchOutbox, Lane, Occurrence
+from apps.occurrences.models import Attempt, DispatchOutbox, Lane, Occurrence
 from apps.occurrences.tests.support.rows import occurrence, schedule, state_of
 from apps.tenants.models import Tenant
+from apps.tenants.services import tenant_create
+
+# The webhook reads its tenant's port allowlist at each send.
+pytestmark = pytest.mark.django_db
 
 
 class _Recorder(BaseHTTPRequestHandler):
@@ -84,14 +88,30 @@ def allow_loopback(settings: Any) -> None:
     settings.TICK_WEBHOOK_ALLOWLIST = ["127.0.0.1/32"]
 
 
-def _ctx(payload: Any, tenant: Tenant | None = None) -> HandlerContext:
-    """A context for `webhook_send`; a call that reaches the network is signed, which needs
-    the tenant's row (its signing secrets)."""
+_hook_tenant: dict[str, uuid.UUID] = {}
+
+
+@pytest.fixture(autouse=True)
+def hook_tenant(db: Any, _httpd: ThreadingHTTPServer) -> Tenant:
+    """The tenant of `_ctx`'s contexts, whose port allowlist opens the test server's port
+    (so the SSRF vectors below are refused for their address, not for their port)."""
+    tenant = tenant_create(slug="hooks", name="Hooks")
+    open_ports(tenant, _httpd.server_port)
+    _hook_tenant["id"] = tenant.id
+    return tenant
+
+
+def open_ports(tenant: Tenant, *ports: int) -> None:
+    tenant.webhook_allowed_ports = [*tenant.webhook_allowed_ports, *ports]
+    tenant.save(update_fields=["webhook_allowed_ports"])
+
+
+def _ctx(payload: Any) -> HandlerContext:
     return HandlerContext(
         occurrence_id=uuid.uuid4(),
         schedule_id=uuid.uuid4(),
         schedule_version=1,
-        tenant_id=tenant.id if tenant is not None else uuid.uuid4(),
+        tenant_id=_hook_tenant["id"],
         scheduled_for=timezone.now(),
         attempt_no=1,
         payload=payload,
@@ -122,8 +142,8 @@ def test_webhook_posts_json_with_the_idempotency_key(server, allow_loopback, ten
     assert json.loads(request["body"]) == {"n": 1}
 
 
-@pytest.mark.django_db
 def test_webhook_schedule_runs_through_the_worker_path(server, allow_loopback, tenant_a):
+    open_ports(tenant_a, server.server_port)
     sched = schedule(tenant_a, handler="webhook", payload={"url": _url(server), "body": {"k": 2}})
     occ = occurrence(sched, timezone.now())
 
@@ -143,7 +163,7 @@ def test_webhook_schedule_runs_through_the_worker_path(server, allow_loopback, t
 )  # fmt: skip
 def test_webhook_response_classes(server, allow_loopback, tenant_a, status, error):
     with pytest.raises(error):
-        webhook_send(ctx=_ctx({"url": _url(server, f"/status/{status}")}, tenant_a))
+        webhook_send(ctx=_ctx({"url": _url(server, f"/status/{status}")}))
     # Redirects are not followed: the server saw exactly the one request.
     assert [r["path"] for r in server.requests] == [f"/status/{status}"]
 
@@ -155,6 +175,7 @@ def _retry_row_after_answer(server, tenant, retry_after: str, status: int = 429)
     """Run a webhook occurrence whose target answers `status` with `retry_after`; returns
     the occurrence, its retry-lane outbox row and the instants just before and after."""
     path = f"/status/{status}?retry-after={quote(retry_after)}"
+    open_ports(tenant, server.server_port)
     sched = schedule(tenant, handler="webhook", payload={"url": _url(server, path)})
     occ = occurrence(sched, timezone.now())
     before = timezone.now()
@@ -167,7 +188,6 @@ def _retry_row_after_answer(server, tenant, retry_after: str, status: int = 429)
     return occ, row, before, after
 
 
-@pytest.mark.django_db
 @pytest.mark.parametrize("status", [429, 503])
 def test_retry_after_seconds_hold_the_retry_back_at_least_that_long(
     server, allow_loopback, tenant_a, settings, status
@@ -179,7 +199,6 @@ def test_retry_after_seconds_hold_the_retry_back_at_least_that_long(
     assert before + timedelta(seconds=30) <= row.available_at <= after + timedelta(seconds=30)
 
 
-@pytest.mark.django_db
 def test_retry_after_http_date_holds_the_retry_back_until_that_instant(
     server, allow_loopback, tenant_a
 ):
@@ -192,7 +211,6 @@ def test_retry_after_http_date_holds_the_retry_back_until_that_instant(
     assert asked <= row.available_at <= after + timedelta(seconds=90)
 
 
-@pytest.mark.django_db
 @pytest.mark.parametrize("header", ["soon", "-30", "3.5", "Someday, 99 Foo 2026"])
 def test_malformed_retry_after_leaves_the_usual_backoff(
     server, allow_loopback, tenant_a, settings, header
@@ -204,7 +222,6 @@ def test_malformed_retry_after_leaves_the_usual_backoff(
     assert before <= row.available_at <= after + timedelta(seconds=2)
 
 
-@pytest.mark.django_db
 def test_retry_after_past_the_retry_deadline_is_capped_at_the_deadline(
     server, allow_loopback, tenant_a, settings
 ):
@@ -221,7 +238,7 @@ def test_retry_after_is_read_only_from_429_and_503(server, allow_loopback, tenan
     for status, expected in [(429, 30.0), (503, 30.0), (500, None), (408, None)]:
         url = _url(server, f"/status/{status}?retry-after=30")
         with pytest.raises(TransientError) as excinfo:
-            webhook_send(ctx=_ctx({"url": url}, tenant_a))
+            webhook_send(ctx=_ctx({"url": url}))
         assert excinfo.value.retry_after_s == expected, status
 
 
@@ -240,21 +257,22 @@ def test_webhook_read_timeout_is_transient(server, allow_loopback, settings, ten
     settings.TICK_WEBHOOK_READ_TIMEOUT_S = 0.3
     started = time.monotonic()
     with pytest.raises(TransientError, match="timed out"):
-        webhook_send(ctx=_ctx({"url": _url(server, "/sleep")}, tenant_a))
+        webhook_send(ctx=_ctx({"url": _url(server, "/sleep")}))
     assert time.monotonic() - started < 1.2
 
 
-def test_webhook_connection_refused_is_transient(allow_loopback, tenant_a):
+def test_webhook_connection_refused_is_transient(allow_loopback, hook_tenant):
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
+    open_ports(hook_tenant, port)
     with pytest.raises(TransientError):
-        webhook_send(ctx=_ctx({"url": f"http://127.0.0.1:{port}/"}, tenant_a))
+        webhook_send(ctx=_ctx({"url": f"http://127.0.0.1:{port}/"}))
 
 
 def test_allowlisted_host_name_may_be_called(server, settings, tenant_a):
     settings.TICK_WEBHOOK_ALLOWLIST = ["localhost"]
-    ctx = _ctx({"url": f"http://localhost:{server.server_port}/by-name"}, tenant_a)
+    ctx = _ctx({"url": f"http://localhost:{server.server_port}/by-name"})
     try:
         webhook_send(ctx=ctx)
     except TransientError:  # localhost may resolve to ::1 first, where nothing listens
@@ -356,3 +374,180 @@ def test_valid_webhook_payload_passes_and_the_handler_is_registered():
         {"url": "https://example.com/hook", "body": [1], "headers": {"A": "b"}}
     )
     assert handler_spec("webhook") is not None and handler_spec("noop") is not None
+
+
+# --- headers: validated at create/update/preview and again at send ------------------------
+
+
+@pytest.mark.parametrize(
+    ("headers", "says"),
+    [
+        ({"X A": "1"}, "not a valid header name"),
+        ({"X:A": "1"}, "not a valid header name"),
+        ({"": "1"}, "not a valid header name"),
+        ({"X-Ünï": "1"}, "not a valid header name"),
+        ({"X-A\r\nB": "1"}, "not a valid header name"),
+        ({"x" * 129: "1"}, "at most 128 characters"),
+        ({"Host": "evil.example"}, "reserved"),
+        ({"HOST": "evil.example"}, "reserved"),
+        ({"Content-Length": "0"}, "reserved"),
+        ({"transfer-encoding": "chunked"}, "reserved"),
+        ({"Connection": "close"}, "reserved"),
+        ({"Keep-Alive": "timeout=5"}, "reserved"),
+        ({"TE": "trailers"}, "reserved"),
+        ({"Trailer": "X"}, "reserved"),
+        ({"Upgrade": "h2c"}, "reserved"),
+        ({"Proxy-Connection": "x"}, "reserved"),
+        ({"Proxy-Authorization": "Basic eA=="}, "reserved"),
+        ({"Expect": "100-continue"}, "reserved"),
+        ({"X-A": "1", "x-a": "2"}, "given twice"),
+        ({"X-A": 1}, "must be a string"),
+        ({"X-A": None}, "must be a string"),
+        ({"X-A": "a\r\nInjected: 1"}, "control character"),
+        ({"X-A": "a\nb"}, "control character"),
+        ({"X-A": "a\x00b"}, "control character"),
+        ({"X-A": "a\x7fb"}, "control character"),
+        ({"X-A": "snow ☃"}, "outside Latin-1"),
+        ({"X-A": "v" * 4097}, "longer than 4096"),
+        ({f"X-{n}": "v" * 1000 for n in range(17)}, "exceed 16384"),
+        ({f"X-{n}": "v" for n in range(21)}, "at most 20 headers"),
+        (["X-A", "1"], "must be an object"),
+    ],
+)  # fmt: skip
+def test_bad_headers_are_refused_on_the_headers_field(headers, says):
+    payload = {"url": "https://example.com/hook", "headers": headers}
+
+    with pytest.raises(WebhookPayloadError, match=says) as excinfo:
+        validate_webhook_payload(payload)
+
+    assert excinfo.value.field == "headers"
+
+
+def test_latin1_values_and_tabs_pass_and_arrive_as_sent(server, allow_loopback):
+    headers = {"X-Name": "café\tcrème", "X-Token_1.~!#$%&'*+^`|": "ok"}
+    validate_webhook_payload({"url": "https://example.com/", "headers": headers})
+
+    assert webhook_send(ctx=_ctx({"url": _url(server), "headers": headers})) == 200
+
+    [request] = server.requests
+    assert request["headers"]["X-Name"] == "café\tcrème"
+
+
+# --- ports ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "extra", "port"),
+    [("https://example.com/", (), 443), ("http://example.com/", (), 80),
+     ("http://example.com:443/", (), 443), ("https://example.com:80/", (), 80),
+     ("https://example.com:6379/", (6379,), 6379), ("http://example.com:8080/", (8080, 9), 8080)],
+)  # fmt: skip
+def test_ports_80_443_and_the_tenants_own_pass(url, extra, port):
+    assert check_url(url, allowlist=Allowlist(), extra_ports=extra).port == port
+
+
+@pytest.mark.parametrize(
+    ("url", "extra"),
+    [("https://example.com:6379/", ()), ("http://example.com:8080/", (8081,)),
+     ("http://example.com:0/", ()), ("https://example.com:22/", (6379,)),
+     ("http://8.8.8.8:5432/", ())],
+)  # fmt: skip
+def test_other_ports_are_refused(url, extra):
+    with pytest.raises(SSRFRefused, match="port"):
+        check_url(url, allowlist=Allowlist(), extra_ports=extra)
+
+
+def test_the_operator_allowlist_does_not_open_ports(settings):
+    # The operator allowlist is about addresses; a port is the tenant's to open.
+    settings.TICK_WEBHOOK_ALLOWLIST = ["10.0.0.0/8", "internal.example"]
+    for url in ("http://10.0.0.1:6379/", "http://internal.example:6379/"):
+        with pytest.raises(WebhookPayloadError, match="port 6379"):
+            validate_webhook_payload({"url": url})
+
+
+def test_a_tenants_ports_open_only_its_own_webhooks(tenant_a, tenant_b):
+    open_ports(tenant_a, 6379)
+    payload = {"url": "https://example.com:6379/"}
+
+    validate_webhook_payload(payload, tenant=tenant_a)
+    with pytest.raises(WebhookPayloadError, match="port 6379"):
+        validate_webhook_payload(payload, tenant=tenant_b)
+    with pytest.raises(WebhookPayloadError, match="port 6379"):
+        validate_webhook_payload(payload)
+
+
+# --- URLs the parser cannot take apart -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["http://[::1/", "http://[abc]/", "http://[::1]x/", "http://example.com:99999999/",
+     "http://example.com:-1/", "http://example.com:8o/", "http://" + "a" * 64 + ".com/",
+     "http://exa\u0000mple.com/", "http://exa\u007fmple.com/", "http://[v1.x]/", "http://:80/"],
+)  # fmt: skip
+def test_malformed_urls_are_refused_on_the_url_field(url):
+    with pytest.raises(WebhookPayloadError) as excinfo:
+        validate_webhook_payload({"url": url})
+
+    assert excinfo.value.field == "url"
+
+
+def test_unicode_host_and_path_are_sent_in_their_ascii_forms():
+    target = check_url("https://bücher.example/grüße?q=ü", allowlist=Allowlist())
+
+    assert target.host == "xn--bcher-kva.example"
+    assert target.host_header == "xn--bcher-kva.example"
+    assert target.request_path == "/gr%C3%BC%C3%9Fe?q=%C3%BC"
+
+
+# --- at send time a configuration error is permanent: DEAD at once, with the reason --------
+
+
+@pytest.mark.parametrize(
+    ("payload", "reason"),
+    [({"headers": {"Host": "evil.example"}}, "reserved"),
+     ({"headers": {"X-A": "a\r\nInjected: 1"}}, "control character"),
+     ({"headers": {"Bad Name": "1"}}, "not a valid header name"),
+     ({"url": "http://[::1/"}, "malformed"),
+     ({"url": "http://[abc]/"}, "malformed")],
+)  # fmt: skip
+def test_a_stored_misconfiguration_goes_dead_at_once_without_a_request(
+    server, allow_loopback, tenant_a, payload, reason
+):
+    # given: a schedule stored before these rules (the service does not validate payloads)
+    open_ports(tenant_a, server.server_port)
+    sched = schedule(tenant_a, handler="webhook", payload={"url": _url(server), **payload})
+    occ = occurrence(sched, timezone.now())
+
+    # when: the worker runs it
+    summary = occurrence_execute(occurrence_id=occ.id, scheduled_for=occ.scheduled_for,
+                                 worker_id="w")  # fmt: skip
+
+    # then: DEAD on the first attempt, no retry row, nothing sent, the reason recorded
+    assert summary == {"status": "DEAD", "attempt_no": 1}
+    assert state_of(occ) == Occurrence.State.DEAD
+    assert not DispatchOutbox.objects.filter(occurrence_id=occ.id).exists()
+    assert server.requests == []
+    [attempt] = Attempt.objects.filter(occurrence_id=occ.id)
+    assert attempt.outcome == Attempt.Outcome.FAILED
+    assert attempt.error_class == "WebhookPayloadError"
+    assert reason in attempt.error_message
+
+
+def test_a_port_closed_after_create_goes_dead_at_send(server, allow_loopback, tenant_a):
+    # given: a webhook created while the tenant allowed the server's port
+    open_ports(tenant_a, server.server_port)
+    sched = schedule(tenant_a, handler="webhook", payload={"url": _url(server)})
+    validate_webhook_payload(sched.payload, tenant=tenant_a)
+    occ = occurrence(sched, timezone.now())
+    # when: an operator closes the port again, then the occurrence runs
+    tenant_a.webhook_allowed_ports = []
+    tenant_a.save(update_fields=["webhook_allowed_ports"])
+    summary = occurrence_execute(occurrence_id=occ.id, scheduled_for=occ.scheduled_for,
+                                 worker_id="w")  # fmt: skip
+
+    # then
+    assert summary == {"status": "DEAD", "attempt_no": 1}
+    assert server.requests == []
+    [attempt] = Attempt.objects.filter(occurrence_id=occ.id)
+    assert f"port {server.server_port} is not allowed" in attempt.error_message
