@@ -92,7 +92,7 @@ def occurrence_browser(request: HttpRequest) -> HttpResponse:
     now = timezone.now()
     params = request.GET
     hours = params.get("hours", "24")
-    valid = hours.isascii() and hours.isdigit() and 0 < int(hours) <= 24 * 31
+    valid = hours.isascii() and hours.isdigit() and len(hours) <= 4 and 0 < int(hours) <= 24 * 31
     span = timedelta(hours=int(hours)) if valid else None
     span = span or timedelta(hours=24)
     until, since = now + timedelta(hours=1), now + timedelta(hours=1) - span

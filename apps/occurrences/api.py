@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers, status
 from rest_framework.exceptions import APIException, ValidationError
@@ -29,6 +30,23 @@ from apps.tenants.authentication import principal_of
 from apps.tenants.pagination import KeysetPagination, unknown_query_params
 
 
+def _errors(*codes: int) -> dict[int, OpenApiResponse]:
+    """The documented error answers of an operation, all in the one error shape."""
+    described = {
+        400: "Invalid input (field errors in `error.fields`).",
+        401: "Missing, unknown, revoked or expired API key.",
+        404: "No such occurrence in this tenant.",
+        409: "Conflict with the occurrence's state.",
+        413: "Request body over the size cap.",
+        415: "Only application/json bodies are accepted.",
+        429: "Per-key rate limit; retry after `Retry-After` seconds.",
+    }
+    return {c: OpenApiResponse(ErrorSerializer, description=described[c]) for c in codes}
+
+
+_COMMON = (401, 429)
+
+
 class OccurrenceCursor(KeysetPagination):
     field = "scheduled_for"
 
@@ -39,18 +57,21 @@ class OccurrenceList(APIView):
 
     @extend_schema(
         parameters=[
-            OpenApiParameter("schedule", str, description="schedule id"),
+            OpenApiParameter("schedule", OpenApiTypes.UUID, description="schedule id"),
             OpenApiParameter(
                 "state", str, enum=list(Occurrence.State.values), description="any letter case"
             ),
-            OpenApiParameter("from", str, description="scheduled_for >= (ISO 8601)"),
-            OpenApiParameter("to", str, description="scheduled_for < (ISO 8601)"),
+            OpenApiParameter(
+                "from", OpenApiTypes.DATETIME, description="scheduled_for >= (RFC 3339)"
+            ),
+            OpenApiParameter("to", OpenApiTypes.DATETIME, description="scheduled_for < (RFC 3339)"),
         ],
         responses={
             200: OccurrenceSerializer(many=True),
             400: OpenApiResponse(
                 ErrorSerializer, description="A bad filter or cursor, or an unknown parameter."
             ),
+            **_errors(*_COMMON),
         },
     )
     def get(self, request: Request) -> Response:
@@ -72,7 +93,7 @@ class OccurrenceList(APIView):
 
 
 class OccurrenceDetail(APIView):
-    @extend_schema(responses=OccurrenceDetailSerializer)
+    @extend_schema(responses={200: OccurrenceDetailSerializer, **_errors(404, *_COMMON)})
     def get(self, request: Request, occurrence_id: Any) -> Response:
         occurrence = access_occurrence(
             tenant=principal_of(request).tenant, occurrence_id=occurrence_id
@@ -102,7 +123,7 @@ class OccurrenceReplay(APIView):
     @extend_schema(
         operation_id="occurrences_replay_one",
         request=None,
-        responses={200: OccurrenceDetailSerializer},
+        responses={200: OccurrenceDetailSerializer, **_errors(404, 409, *_COMMON)},
     )
     def post(self, request: Request, occurrence_id: Any) -> Response:
         tenant = principal_of(request).tenant
@@ -115,9 +136,19 @@ class OccurrenceReplay(APIView):
         return Response(OccurrenceDetailSerializer(occurrence).data)
 
 
+class StrictUUIDField(serializers.UUIDField):
+    """A UUID written as a string: DRF's own field also takes a JSON integer (and so `true`
+    and `false`) as the UUID of that number, which no client means."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if not isinstance(data, str):
+            self.fail("invalid", value=data)
+        return super().to_internal_value(data)
+
+
 class BulkReplayRequest(serializers.Serializer[Any]):
     ids = serializers.ListField(
-        child=serializers.UUIDField(), min_length=1, max_length=500, allow_empty=False
+        child=StrictUUIDField(), min_length=1, max_length=500, allow_empty=False
     )
 
 
@@ -131,7 +162,7 @@ class OccurrenceBulkReplay(APIView):
     @extend_schema(
         operation_id="occurrences_replay_many",
         request=BulkReplayRequest,
-        responses={200: BulkReplayResponse},
+        responses={200: BulkReplayResponse, **_errors(400, 413, 415, *_COMMON)},
     )
     def post(self, request: Request) -> Response:
         body = BulkReplayRequest(data=request.data)
@@ -149,8 +180,24 @@ class OccurrenceBulkReplay(APIView):
         )
 
 
+class CancelResponse(serializers.Serializer[Any]):
+    state = serializers.ChoiceField(
+        choices=[Occurrence.State.CANCELED.value, Occurrence.State.RUNNING.value]
+    )
+    cancel_requested = serializers.BooleanField(
+        required=False, help_text="Running: the handler is asked to stop (202)."
+    )
+
+
 class OccurrenceCancel(APIView):
-    @extend_schema(request=None, responses={200: None, 202: None, 409: None})
+    @extend_schema(
+        request=None,
+        responses={
+            200: CancelResponse,
+            202: CancelResponse,
+            **_errors(404, 409, *_COMMON),
+        },
+    )
     def post(self, request: Request, occurrence_id: Any) -> Response:
         tenant = principal_of(request).tenant
         occurrence = access_occurrence(tenant=tenant, occurrence_id=occurrence_id)

@@ -426,10 +426,11 @@ class AnyCaseChoiceField(serializers.ChoiceField):
 class ScheduleListQuerySerializer(serializers.Serializer[Any]):
     state = AnyCaseChoiceField(choices=Schedule.State.choices, required=False)
     kind = AnyCaseChoiceField(choices=list(KIND_IN), required=False)
-    handler = serializers.CharField(max_length=100, required=False)
+    # Taken as sent (no trimming): the lengths the schema states are the lengths checked.
+    handler = serializers.CharField(max_length=100, required=False, trim_whitespace=False)
     # Case-insensitive substring of the name, served by a trigram index; two characters or
     # fewer would match nearly everything and make the index useless.
-    q = serializers.CharField(min_length=3, max_length=200, required=False)
+    q = serializers.CharField(min_length=3, max_length=200, required=False, trim_whitespace=False)
 
     def validate_state(self, value: str) -> Schedule.State:
         return Schedule.State(value)

@@ -140,7 +140,36 @@ class KeysetPagination(CursorPagination):
         return self.keyset.rows
 
     def get_page_size(self, request: Request) -> int:
-        return super().get_page_size(request) or self.page_size
+        """`page_size` as given, 1..max_page_size; absent or empty = the default. Anything
+        else is a 400 on `page_size` (DRF's own reading would fall back to the default for
+        `page_size=null` and cut 5000 down silently: a client would not learn its mistake)."""
+        text = request.query_params.get(self.page_size_query_param, "")
+        if text == "":
+            return self.page_size
+        if not (text.isascii() and text.isdigit() and len(text) <= 6) or not (
+            1 <= int(text) <= self.max_page_size
+        ):
+            raise ValidationError(
+                {
+                    self.page_size_query_param: [
+                        f"Must be an integer from 1 to {self.max_page_size}."
+                    ]
+                }
+            )
+        return int(text)
+
+    def get_schema_operation_parameters(self, view: Any) -> list[dict[str, Any]]:
+        parameters = super().get_schema_operation_parameters(view)
+        for parameter in parameters:
+            if parameter["name"] == self.page_size_query_param:
+                parameter["schema"] = {
+                    "type": "integer", "minimum": 1, "maximum": self.max_page_size,
+                    "default": self.page_size,
+                }  # fmt: skip
+                parameter["description"] = (
+                    f"Rows per page, 1 to {self.max_page_size} (default {self.page_size})."
+                )
+        return parameters
 
     @classmethod
     def query_params(cls) -> tuple[str, ...]:

@@ -1,8 +1,13 @@
-"""schemathesis against the served OpenAPI schema (bounded): no 5xx, and every response
-conforms to the documented schema (status code, content type, body)."""
+"""schemathesis against the served OpenAPI schema, every operation, authenticated as a
+tenant, bounded (30 examples per operation): every built-in check — no 5xx; status codes,
+content types, headers and bodies as documented; schema-violating requests refused and
+schema-valid ones accepted; a request without the key refused; unsupported methods
+answered 405 — except where a check cannot apply, each for a precise reason
+(`excluded_checks` below)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -42,8 +47,38 @@ def auth(tenant_a: Any) -> dict[str, str]:
     return {"Authorization": f"Bearer {raw}"}
 
 
-# The schedule routes are this module's; occurrence routes belong to their app's tests.
-schema = schemathesis.pytest.from_fixture("api_schema").include(path_regex=r"^/api/v1/schedules")
+schema = schemathesis.pytest.from_fixture("api_schema")
+
+# The bodies whose validity JSON Schema cannot state: a cron expression that parses and
+# fires, an IANA zone that exists, end_at after start_at, a one-shot not in the past, a
+# payload that suits its handler (docs/api.md). A schema-valid body is rightly refused
+# there, so `positive_data_acceptance` does not apply; every other check does.
+CROSS_FIELD_BODIES = {
+    ("POST", "/api/v1/schedules"),
+    ("PATCH", "/api/v1/schedules/{schedule_id}"),
+    ("POST", "/api/v1/schedules/preview"),
+}
+
+
+def excluded_checks(case: Any) -> list[Any]:
+    excluded = []
+    # A page cursor is an opaque token only the server issues: any string is schema-valid,
+    # and a forged one is rightly a 400 (apps/tenants/pagination.py).
+    forged_cursor = bool((case.query or {}).get("cursor"))
+    # A NUL character is refused in every JSON string, wherever the schema allows a string
+    # (tickweb/parsers.py: PostgreSQL cannot store it in text or jsonb).
+    nul_in_body = (
+        "\\u0000" in json.dumps(case.body) if isinstance(case.body, dict | list) else False
+    )
+    if (case.method.upper(), case.path) in CROSS_FIELD_BODIES or forged_cursor or nul_in_body:
+        excluded.append(schemathesis.checks.positive_data_acceptance)
+    # An empty query value means the parameter is absent (`?state=` = no state filter: the
+    # query string is read as HTML-form input, as the web UI's GET forms send it), which
+    # OpenAPI 3.0 cannot say next to an enum or a format. Only for such a case is
+    # `negative_data_rejection` skipped.
+    if any(value in ("", [""]) for value in (case.query or {}).values()):
+        excluded.append(schemathesis.checks.negative_data_rejection)
+    return excluded
 
 
 @schema.parametrize()
@@ -53,15 +88,7 @@ schema = schemathesis.pytest.from_fixture("api_schema").include(path_regex=r"^/a
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                            HealthCheck.filter_too_much],
 )  # fmt: skip
-def test_schedule_api_honours_its_schema(case: Any, auth: dict[str, str]) -> None:
+def test_api_honours_its_schema(case: Any, auth: dict[str, str]) -> None:
     response = case.call(headers=auth)
     assert response.status_code < 500, (case.method, case.path, response.text[:500])
-    case.validate_response(
-        response,
-        checks=[
-            schemathesis.checks.not_a_server_error,
-            schemathesis.checks.status_code_conformance,
-            schemathesis.checks.content_type_conformance,
-            schemathesis.checks.response_schema_conformance,
-        ],
-    )
+    case.validate_response(response, headers=auth, excluded_checks=excluded_checks(case))
