@@ -1,5 +1,5 @@
 """schemathesis against the served OpenAPI schema, every operation, authenticated as a
-tenant, bounded (30 examples per operation): every built-in check — no 5xx; status codes,
+tenant, bounded (25 examples per operation): every built-in check — no 5xx; status codes,
 content types, headers and bodies as documented; schema-violating requests refused and
 schema-valid ones accepted; a request without the key refused; unsupported methods
 answered 405 — except where a check cannot apply, each for a precise reason
@@ -83,7 +83,7 @@ def excluded_checks(case: Any) -> list[Any]:
 
 @schema.parametrize()
 @settings(
-    max_examples=30,
+    max_examples=25,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                            HealthCheck.filter_too_much],
