@@ -34,9 +34,9 @@ from apps.tenants.services import api_key_create
 pytestmark = pytest.mark.django_db
 
 # Path parameters that are no id of anything: not a UUID, integers past any column,
-# unicode, a non-UTF-8 percent-encoding, NUL, overlong, blank.
+# unicode, a non-UTF-8 percent-encoding, NUL, overlong, blank, empty.
 MALFORMED_PATH_VALUES = [
-    "not-a-uuid", "9" * 40, "-1", "%E2%98%83%C3%A9", "%FF%FE", "%00", "x" * 600, "%20",
+    "not-a-uuid", "9" * 40, "-1", "%E2%98%83%C3%A9", "%FF%FE", "%00", "x" * 600, "%20", "",
 ]  # fmt: skip
 
 # Every filter name the routes read (and some they do not), and the bad values each takes:
