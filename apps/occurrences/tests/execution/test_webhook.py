@@ -128,7 +128,6 @@ def _url(server: ThreadingHTTPServer, path: str = "/hook") -> str:
 def test_webhook_posts_json_with_the_idempotency_key(server, allow_loopback, tenant_a):
     ctx = _ctx(
         {"url": _url(server, "/hook?x=1"), "body": {"n": 1}, "headers": {"X-Tenant": "a"}},
-        tenant_a,
     )
 
     assert webhook_send(ctx=ctx) == 200
