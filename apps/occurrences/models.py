@@ -97,6 +97,10 @@ class Occurrence(models.Model):
         indexes = [
             # Tenant listings of occurrences by time (API/UI).
             models.Index(fields=["tenant", "scheduled_for"], name="occurrence_tenant_time_idx"),
+            # One schedule's latest occurrences across its versions, newest first: the health
+            # of the schedule list (apps/occurrences/schedule_health.py, a LATERAL probe per
+            # schedule of the page). The unique key leads with the version, so it cannot.
+            models.Index(fields=["schedule", "scheduled_for"], name="occurrence_schedule_time_idx"),
             # The backstop of `manage.py reap` (redelivery.occurrences_redeliver): published,
             # unfinished occurrences by first confirm; in-flight work only. Not
             # `WHERE state = 'ENQUEUED'`: a predicate on state makes every state change a
