@@ -259,6 +259,33 @@ def schedule_preview_saved(
     return schedule_preview(timing=schedule, after=after, count=count)
 
 
+# DST changes are looked for this far ahead, whatever the preview's count (docs/ui.md).
+DST_LOOKAHEAD_DAYS = 366
+
+
+def schedule_dst_changes(*, timing: Timing, now: datetime) -> list[timerules.DstChange]:
+    """The DST changes of the coming year that a cron rule meets in its zone, worded per its
+    DST gap / fold options; none for a one-shot (its instant is resolved when it is saved)
+    or a schedule that will not fire again."""
+    if timing.kind != Schedule.Kind.CRON:
+        return []
+    if isinstance(timing, Schedule) and timing.state in (
+        Schedule.State.CANCELED,
+        Schedule.State.COMPLETED,
+    ):
+        return []
+    return timerules.dst_changes(
+        timing.expression,
+        timing.time_zone,
+        now,
+        days=DST_LOOKAHEAD_DAYS,
+        dst_gap=timing.dst_gap,
+        dst_fold=timing.dst_fold,
+        start_at=timing.start_at,
+        end_at=timing.end_at,
+    )
+
+
 # --------------------------------------------------------------------------------------------
 # Schedule-side writes of update, pause, resume and cancel. Those changes, with their
 # occurrence recall and lock order, are run by apps/occurrences/schedule_changes.py; these
