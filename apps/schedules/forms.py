@@ -31,37 +31,99 @@ def _lower(choices: type[Any]) -> list[tuple[str, str]]:
 
 
 class ScheduleForm(forms.Form):
-    name = forms.CharField(max_length=200, required=False)
+    name = forms.CharField(max_length=200, required=False, label="Name")
     kind = forms.ChoiceField(
+        label="Kind",
         choices=[
-            (Schedule.Kind.CRON.lower(), "Cron rule"),
-            (Schedule.Kind.ONE_SHOT.lower(), "One-shot"),
-        ]
+            (Schedule.Kind.CRON.lower(), "Repeating (cron rule)"),
+            (Schedule.Kind.ONE_SHOT.lower(), "Once (one-shot)"),
+        ],
     )
-    expression = forms.CharField(max_length=200, required=False)
-    run_at = forms.CharField(max_length=64, required=False)
-    time_zone = forms.CharField(max_length=64, initial="UTC")
+    expression = forms.CharField(
+        max_length=200, required=False, label="Cron expression",
+        help_text="Five fields (minute hour day-of-month month day-of-week) or @hourly, "
+        "@daily, @weekly, @monthly, @yearly — on the zone's wall clock.",
+    )  # fmt: skip
+    run_at = forms.CharField(
+        max_length=64, required=False, label="Run at",
+        help_text="2026-03-08T09:30 (the zone's local time) or with an offset or Z.",
+    )  # fmt: skip
+    time_zone = forms.CharField(max_length=64, initial="UTC", label="Time zone (IANA)")
+    handler = forms.ChoiceField(choices=(), label="Handler")
+    payload = forms.CharField(
+        required=False, label="Payload (JSON)", widget=forms.Textarea(attrs={"rows": 4}),
+        help_text='Handed to the handler (webhook: {"url": "https://…"}).',
+    )  # fmt: skip
     precision = forms.ChoiceField(
-        choices=_lower(Schedule.Precision), initial=Schedule.Precision.STRICT.lower()
-    )
-    flexible_window_s = forms.IntegerField(min_value=0, max_value=300, required=False)
+        label="Precision", choices=_lower(Schedule.Precision),
+        initial=Schedule.Precision.STRICT.lower(),
+        help_text="Strict runs at the instant; flexible may run up to the window later, "
+        "spreading load.",
+    )  # fmt: skip
+    flexible_window_s = forms.IntegerField(
+        min_value=0, max_value=300, required=False, label="Flexible window (seconds)",
+        help_text="How much later than the instant a flexible run may start (0–300).",
+    )  # fmt: skip
     misfire_policy = forms.ChoiceField(
-        choices=_lower(Schedule.MisfirePolicy), initial=Schedule.MisfirePolicy.FIRE_ONCE.lower()
-    )
-    max_lateness_s = forms.IntegerField(min_value=0, required=False)
-    catchup_limit = forms.IntegerField(min_value=0, required=False)
+        label="When a run is missed", choices=_lower(Schedule.MisfirePolicy),
+        initial=Schedule.MisfirePolicy.FIRE_ONCE.lower(),
+        help_text="After an outage or a resume: skip missed runs, run once for all of them, "
+        "or catch up each one (up to the limit).",
+    )  # fmt: skip
+    max_lateness_s = forms.IntegerField(
+        min_value=0, required=False, label="Maximum lateness (seconds)",
+        help_text="A run later than this counts as missed. Blank = 60.",
+    )  # fmt: skip
+    catchup_limit = forms.IntegerField(
+        min_value=0, required=False, label="Catch-up limit (runs)",
+        help_text="With catch up: at most this many missed runs are made up.",
+    )  # fmt: skip
     overlap_policy = forms.ChoiceField(
-        choices=_lower(Schedule.OverlapPolicy), initial=Schedule.OverlapPolicy.ALLOW.lower()
-    )
-    dst_gap = forms.ChoiceField(choices=Schedule.DstGap.choices, initial=Schedule.DstGap.SKIP.value)
+        label="When the previous run is still going", choices=_lower(Schedule.OverlapPolicy),
+        initial=Schedule.OverlapPolicy.ALLOW.lower(),
+        help_text="Run alongside it, skip this run, or queue one run behind it.",
+    )  # fmt: skip
+    dst_gap = forms.ChoiceField(
+        label="Local times that do not exist (spring forward)",
+        choices=[(Schedule.DstGap.SKIP.value, "Skip them"),
+                 (Schedule.DstGap.SHIFT.value, "Run once at the end of the gap")],
+        initial=Schedule.DstGap.SKIP.value,
+        help_text="When clocks jump forward, e.g. 02:30 on the spring-forward day.",
+    )  # fmt: skip
     dst_fold = forms.ChoiceField(
-        choices=Schedule.DstFold.choices, initial=Schedule.DstFold.FIRST.value
-    )
-    start_at = forms.CharField(max_length=64, required=False)
-    end_at = forms.CharField(max_length=64, required=False)
-    handler = forms.ChoiceField(choices=())
-    payload = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 4}))
-    timeout_s = forms.IntegerField(min_value=1, required=False, label="Timeout (s)")
+        label="Local times that happen twice (fall back)",
+        choices=[(Schedule.DstFold.FIRST.value, "Run once, at the first"),
+                 (Schedule.DstFold.BOTH.value, "Run at both")],
+        initial=Schedule.DstFold.FIRST.value,
+        help_text="When clocks fall back, e.g. 01:30 on the fall-back day.",
+    )  # fmt: skip
+    start_at = forms.CharField(
+        max_length=64, required=False, label="Active from",
+        help_text="No run before this instant (blank = now).",
+    )  # fmt: skip
+    end_at = forms.CharField(
+        max_length=64, required=False, label="Active until",
+        help_text="No run at or after this instant (blank = no end).",
+    )  # fmt: skip
+    timeout_s = forms.IntegerField(
+        min_value=1, required=False, label="Timeout (seconds)",
+        help_text="Run-time limit of one attempt: at it the handler is asked to stop, and the "
+        "attempt ends TIMED_OUT and is retried. Blank = the handler's default; at most the "
+        "tenant's maximum.",
+    )  # fmt: skip
+
+    # The page shows these first; the rest under "Advanced" (docs/ui.md "Schedule form").
+    COMMON = ("name", "kind", "expression", "run_at", "time_zone", "handler", "payload")
+
+    def common_fields(self) -> list[forms.BoundField]:
+        return [self[name] for name in self.COMMON]
+
+    def advanced_fields(self) -> list[forms.BoundField]:
+        return [self[name] for name in self.fields if name not in self.COMMON]
+
+    def advanced_errors(self) -> bool:
+        """Open the "Advanced" section when one of its fields is refused."""
+        return any(name not in self.COMMON for name in self.errors)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -8,6 +8,7 @@ urlpatterns = [
     path("schedules/", views.schedule_list, name="schedule-list"),
     path("schedules/new/", views.schedule_new, name="schedule-new"),
     path("schedules/preview/", views.schedule_preview_draft, name="schedule-preview"),
+    path("schedules/describe/", views.schedule_describe, name="schedule-describe"),
     path("schedules/<str:schedule_id>/", views.schedule_detail, name="schedule-detail"),
     path("schedules/<str:schedule_id>/edit/", views.schedule_edit, name="schedule-edit"),
     path("schedules/<str:schedule_id>/pause/", views.schedule_pause_view, name="schedule-pause"),

@@ -10,6 +10,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.contrib import messages
+from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -24,6 +25,15 @@ from apps.occurrences.schedule_changes import (
     schedule_resume,
     schedule_update,
 )
+from apps.occurrences.schedule_health import (
+    FAILING_BELOW,
+    LATE_AFTER,
+    RATE_OVER,
+    HealthFilter,
+    ScheduleHealth,
+    schedules_health,
+    schedules_health_scan,
+)
 from apps.occurrences.selectors import next_runs_shown, occurrences_for
 from apps.schedules.errors import LifecycleError
 from apps.schedules.forms import (
@@ -34,10 +44,24 @@ from apps.schedules.forms import (
     zone_names,
 )
 from apps.schedules.models import Schedule, ScheduleEvent, ScheduleVersion
+from apps.schedules.rule_words import cron_in_words, schedule_in_words
 from apps.schedules.selectors import access_schedule, schedules_filtered
 from apps.schedules.serializers import KIND_IN, schedule_as_input
-from apps.schedules.services import schedule_create, schedule_preview, schedule_preview_saved
-from apps.tenants.pagination import web_page
+from apps.schedules.services import (
+    schedule_create,
+    schedule_dst_changes,
+    schedule_preview,
+    schedule_preview_saved,
+)
+from apps.schedules.timerules import TimeRuleError
+from apps.tenants.pagination import (
+    WEB_CURSOR,
+    InvalidCursor,
+    Position,
+    decode_cursor,
+    encode_cursor,
+    web_page,
+)
 from apps.tenants.web import actor_of, admin_only, tenant_page, tick_of
 
 PAGE_SIZE = 25
@@ -48,12 +72,15 @@ RECENT_WINDOW = timedelta(days=7)
 
 @tenant_page
 def schedule_list(request: HttpRequest) -> HttpResponse:
-    """Newest first, keyset pages on (created_at, id): the API's filters and indexes."""
+    """Newest first, keyset pages on (created_at, id): the API's filters and indexes. Each
+    row carries its health (apps/occurrences/schedule_health.py), read for the page in one
+    query; the "failing" / "late" filters scan a bounded number of schedules per request."""
     params = request.GET
     state = params.get("state", "").upper()
     kind = params.get("kind", "").lower()  # any case, as the API reads it
     q = params.get("q", "").strip()
     handler = params.get("handler", "").strip()
+    health_text = params.get("health", "").lower()
     errors = []
     if state and state not in Schedule.State.values:
         errors.append(f"Unknown state {state!r}.")
@@ -64,19 +91,56 @@ def schedule_list(request: HttpRequest) -> HttpResponse:
     if q and len(q) < 3:
         errors.append("Search needs at least 3 characters.")
         q = ""
+    want = next((h for h in HealthFilter if h.value == health_text), None)
+    if health_text and want is None:
+        errors.append(f"Unknown health filter {health_text!r}.")
     queryset = schedules_filtered(
         tenant=tick_of(request).tenant, state=state or None, kind=kind or None,
         handler=handler or None, q=q or None,
     )  # fmt: skip
-    page = web_page(request, queryset, field="created_at", size=PAGE_SIZE)
+    now = timezone.now()
+    scanned = None
+    if want is None:
+        page = web_page(request, queryset, field="created_at", size=PAGE_SIZE)
+        schedules, pager, page_error = page.rows, page.pager(), page.error
+        health = schedules_health(schedules, now=now)
+        rows = [(s, health[s.id]) for s in schedules]
+    else:
+        rows, pager, page_error, scanned = _health_page(request, queryset, want, now)
+        schedules = [s for s, _ in rows]
     # The API's "next run" (docs/api.md), read for the whole page in one query.
-    next_runs = next_runs_shown(page.rows, now=timezone.now())
+    next_runs = next_runs_shown(schedules, now=now)
     return render(request, "tick/schedule_list.html", {
-        "schedules": page.rows, "rows": [(s, next_runs[s.id]) for s in page.rows],
-        **page.pager(), "state": state, "kind": kind, "q": q,
-        "handler": handler, "errors": errors + ([page.error] if page.error else []),
-        "states": Schedule.State.choices, "nav": "schedules",
+        "schedules": schedules,
+        "rows": [(s, h, next_runs[s.id], schedule_in_words(s)) for s, h in rows],
+        **pager, "state": state, "kind": kind, "q": q, "handler": handler,
+        "health": want.value if want else "", "scanned": scanned, "now": now,
+        "errors": errors + ([page_error] if page_error else []),
+        "states": Schedule.State.choices, "nav": "schedules", "rate_over": RATE_OVER,
+        "failing_below": round(FAILING_BELOW * 100),
+        "late_after_s": int(LATE_AFTER.total_seconds()),
     })  # fmt: skip
+
+
+def _health_page(
+    request: HttpRequest, queryset: QuerySet[Schedule], want: HealthFilter, now: datetime
+) -> tuple[list[tuple[Schedule, ScheduleHealth]], dict[str, Any], str | None, int]:
+    """A page of schedules matching a health filter: the scan resumes after the `after`
+    cursor and stops at SCAN_BUDGET schedules; "search on" continues from where it stopped."""
+    query = request.GET.copy()
+    cursor = query.pop(WEB_CURSOR, [None])[0]
+    pager = {"next_cursor": None, "paged": cursor is not None, "filters": query.urlencode()}
+    after = None
+    if cursor:
+        try:
+            position = decode_cursor(cursor)
+        except InvalidCursor as err:
+            return [], pager, str(err), 0
+        after = (position.at, position.row_id)
+    scan = schedules_health_scan(queryset, want=want, after=after, size=PAGE_SIZE, now=now)
+    if scan.resume_after is not None:
+        pager["next_cursor"] = encode_cursor(Position(*scan.resume_after))
+    return scan.rows, pager, None, scan.scanned
 
 
 def _version_changes(versions: list[ScheduleVersion]) -> list[dict[str, Any]]:
@@ -133,6 +197,8 @@ def _detail(
         "next_run": next_runs_shown([schedule], now=now)[schedule.id],
         "preview": schedule_preview_saved(schedule=schedule, count=10, now=now) if active else [],
         "recent": _recent_occurrences(schedule, now), "receipt": result.receipt if result else None,
+        "dst_changes": schedule_dst_changes(timing=schedule, now=now),
+        "words": schedule_in_words(schedule),
         "nav": "schedules",
     }, status=status)  # fmt: skip
 
@@ -199,13 +265,31 @@ def schedule_edit(request: HttpRequest, schedule_id: str) -> HttpResponse:
 @require_POST
 def schedule_preview_draft(request: HttpRequest) -> HttpResponse:
     """The live preview (htmx, while typing): validated exactly as the API's draft preview;
-    nothing is stored, so viewers may use it too."""
+    nothing is stored, so viewers may use it too. The DST changes of the coming year come
+    first, whatever the ten fires reach."""
     form = ScheduleForm(request.POST)
     serializer = validated_draft(form, tenant=tick_of(request).tenant)
     if serializer is None:
         return render(request, "tick/_preview.html", {"form": form, "entries": None})
-    entries = schedule_preview(timing=serializer.to_spec(), after=timezone.now(), count=10)
-    return render(request, "tick/_preview.html", {"form": form, "entries": entries})
+    now = timezone.now()
+    spec = serializer.to_spec()
+    return render(request, "tick/_preview.html", {
+        "form": form, "entries": schedule_preview(timing=spec, after=now, count=10),
+        "dst_changes": schedule_dst_changes(timing=spec, now=now),
+    })  # fmt: skip
+
+
+@tenant_page
+def schedule_describe(request: HttpRequest) -> HttpResponse:
+    """The cron expression in words (htmx, under the field while typing); stores nothing."""
+    expression = request.GET.get("expression", "")
+    if not expression.strip():
+        return render(request, "tick/_rule_words.html", {})
+    try:
+        words = cron_in_words(expression)
+    except TimeRuleError as err:
+        return render(request, "tick/_rule_words.html", {"error": err.message})
+    return render(request, "tick/_rule_words.html", {"words": words})
 
 
 def _lifecycle(request: HttpRequest, schedule_id: str, action: Any) -> HttpResponse:

@@ -72,9 +72,9 @@ def test_the_list_shows_the_apis_next_run(client, alice, tenant_a):
     cells = _next_run_cells(client.get("/schedules/").content.decode())
 
     assert cells == {
-        "late one": "2026-12-02 12:00:00",
-        "on time": "2026-12-02 13:00:00",
-        "paused one": "paused",
+        "late one": "2026-12-02 12:00:00 UTC",
+        "on time": "2026-12-02 13:00:00 UTC",
+        "paused one": "none (paused)",
     }
 
 
