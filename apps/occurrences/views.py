@@ -5,14 +5,18 @@ list is bounded by a `scheduled_for` range (partition pruning) and keyset-pagina
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
+from django.contrib import messages
 from django.http import Http404, HttpRequest, HttpResponse
-from django.shortcuts import render
+from django.shortcuts import redirect, render
+from django.template.defaultfilters import pluralize
 from django.urls import reverse
 from django.utils import timezone
+from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
 from apps.occurrences.execution.replay import ReplayResult, occurrences_replay
@@ -137,9 +141,7 @@ def _last_errors(tenant_id: uuid.UUID, rows: list[Occurrence]) -> dict[uuid.UUID
     return last
 
 
-def _dlq_page(
-    request: HttpRequest, result: ReplayResult | None = None, status: int = 200
-) -> HttpResponse:
+def _dlq_page(request: HttpRequest) -> HttpResponse:
     context = _filtered(
         request, only_state=Occurrence.State.DEAD, default_days=settings.TICK_RETENTION_DAYS,
         list_url=reverse("dlq"),
@@ -147,8 +149,8 @@ def _dlq_page(
     last = _last_errors(tick_of(request).tenant.id, [r["occ"] for r in context["occurrences"]])
     for row in context["occurrences"]:
         row["last"] = last.get(row["occ"].id)
-    context.update(result=result, nav="dlq")
-    return render(request, "tick/dlq.html", context, status=status)
+    context.update(nav="dlq")
+    return render(request, "tick/dlq.html", context)
 
 
 @tenant_page
@@ -156,11 +158,29 @@ def dlq(request: HttpRequest) -> HttpResponse:
     return _dlq_page(request)
 
 
+def _short(ids: Iterable[uuid.UUID]) -> str:
+    return ", ".join(f"{str(i)[:8]}…" for i in ids)
+
+
+def replay_summary(result: ReplayResult) -> str:
+    """What a replay did, in one message: replayed, left alone (with their state), not found."""
+    parts = [f"Replayed {len(result.replayed)} occurrence{pluralize(len(result.replayed))}"
+             + (f": {_short(result.replayed)}." if result.replayed else ".")]  # fmt: skip
+    if result.not_dead:
+        states = ", ".join(f"{str(i)[:8]}… ({st})" for i, st in result.not_dead.items())
+        parts.append(f"Not DEAD, left alone: {states}.")
+    if result.not_found:
+        parts.append(f"Not found: {len(result.not_found)}.")
+    return " ".join(parts)
+
+
 @tenant_page
 @require_POST
 def dlq_replay(request: HttpRequest) -> HttpResponse:
-    """Replay the selected DEAD occurrences (same id, retry lane) and show what happened.
-    Another tenant's id is reported as not found, exactly like a missing one."""
+    """Replay the selected DEAD occurrences (same id, retry lane), then redirect (POST,
+    redirect, GET: a reload does not replay again) to the page the form came from — the DLQ
+    or an occurrence — with what happened as a message. Another tenant's id is reported as
+    not found, exactly like a missing one."""
     admin_only(request)
     ids: list[uuid.UUID] = []
     for value in request.POST.getlist("ids")[:500]:
@@ -168,7 +188,15 @@ def dlq_replay(request: HttpRequest) -> HttpResponse:
             ids.append(uuid.UUID(value))
         except ValueError:
             continue
+    back = request.POST.get("next", "")
+    if not url_has_allowed_host_and_scheme(
+        back, allowed_hosts={request.get_host()}, require_https=request.is_secure()
+    ):
+        back = reverse("dlq")
     if not ids:
-        return _dlq_page(request, status=400)
+        messages.error(request, "Select at least one occurrence to replay.")
+        return redirect(back)
     result = occurrences_replay(tenant_id=tick_of(request).tenant.id, occurrence_ids=ids)
-    return _dlq_page(request, result=result)
+    level = messages.SUCCESS if result.replayed else messages.WARNING
+    messages.add_message(request, level, replay_summary(result))
+    return redirect(back)
