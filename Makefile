@@ -35,7 +35,7 @@ migrate: services
 
 run: migrate
 	set -a && source $(ENV_FILE) && set +a && \
-	$(BIN)/python manage.py demo_setup && \
+	$(BIN)/python manage.py demo_setup --port $${TICK_WEB_PORT:-8000} && \
 	exec $(BIN)/honcho start -f Procfile
 
 lint: install

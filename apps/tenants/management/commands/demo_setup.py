@@ -32,6 +32,7 @@ class Command(BaseCommand):
             help="the demo login's password when it is created (default: tick-demo with "
             "DJANGO_DEBUG=1, else random); an existing login keeps its password",
         )
+        parser.add_argument("--port", type=int, default=8000, help="web port, for the URLs printed")
 
     def handle(self, *args: Any, **options: Any) -> None:
         tenant = Tenant.objects.filter(slug="demo").first() or tenant_create(
@@ -61,16 +62,19 @@ class Command(BaseCommand):
                 actor="demo_setup",
             )
         _, raw = api_key_create(tenant=tenant, name="make run")
+        base = f"http://127.0.0.1:{options['port']}"
         if password is not None:
-            self.stdout.write(f"web login: http://127.0.0.1:8000/  user demo / {password}")
+            self.stdout.write(f"login: user demo / {password} (tenant UI and admin)")
             if not settings.DEBUG:
                 self.stdout.write("(shown once: note it now; a rerun keeps it)")
         elif settings.DEBUG and user.check_password(DEMO_PASSWORD):
-            self.stdout.write(f"web login: http://127.0.0.1:8000/  user demo / {DEMO_PASSWORD}")
+            self.stdout.write(f"login: user demo / {DEMO_PASSWORD} (tenant UI and admin)")
         else:
-            self.stdout.write("web login: http://127.0.0.1:8000/  user demo (password unchanged)")
+            self.stdout.write("login: user demo (password unchanged)")
+        self.stdout.write(f"tenant UI: {base}/")
+        self.stdout.write(f"admin:     {base}/admin/")
         self.stdout.write(
             "try: curl -H 'Authorization: Bearer <key>' "
-            "'http://127.0.0.1:8000/api/v1/occurrences?page_size=5'"
+            f"'{base}/api/v1/occurrences?page_size=5'"
         )
         self.stdout.write(f"api key: {raw}")
