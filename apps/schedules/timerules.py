@@ -1115,7 +1115,9 @@ def _transitions(tz: ZoneInfo, low: datetime, high: datetime) -> list[datetime]:
     then a bisection: zones change offset at most a few times a year)."""
     out = []
     day = timedelta(days=1)
-    lo = low.replace(tzinfo=None)
+    # Whole seconds: the bisection then lands on the transition's own second, the instant
+    # the events of its gap carry.
+    lo = low.replace(tzinfo=None, microsecond=0)
     end = high.replace(tzinfo=None)
     while lo < end:
         hi = min(lo + day, end)

@@ -27,6 +27,13 @@ def test_a_skipped_time_is_reported_once_for_the_spring_forward_day():
     )]  # fmt: skip
 
 
+def test_any_instant_of_now_finds_the_change():
+    # `now` is never minute-aligned: a clock read at 09:08:55.123456 must find it too.
+    odd = datetime(2026, 12, 3, 9, 8, 55, 123456, tzinfo=UTC)
+    [change] = timerules.dst_changes("30 2 * * *", NY, odd)
+    assert change.on.isoformat() == "2027-03-14" and change.text.endswith("— skipped")
+
+
 def test_the_shift_policy_is_worded_as_a_moved_run():
     [(on, text)] = _texts("30 2 * * *", dst_gap="shift")
     assert on == "2027-03-14"
