@@ -162,8 +162,9 @@ def test_create_preview_pause_and_replay_in_a_real_browser(live_server, browser,
     assert "HTTP 503 after 5 attempts" in driver.page_source
     _shot(driver, "dlq")
     driver.find_element(By.CSS_SELECTOR, "button.replay-one").click()
-    result = _wait(driver, lambda d: d.find_elements(By.ID, "replay-result"))[0]
-    assert "1 replayed" in result.text
+    result = _wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, ".messages li"))[0]
+    assert result.text.startswith("Replayed 1 occurrence:")
+    assert driver.current_url == f"{base}/dlq/"  # redirected after the POST
     assert state_of(dead) == "RETRY_WAIT"
     _shot(driver, "dlq-replayed")
 

@@ -14,8 +14,9 @@ from apps.schedules.tests.factories import make_schedule
 
 pytestmark = pytest.mark.django_db
 
-# The app's clock (django.utils.timezone.now) pinned to "today" of this project.
-TODAY = datetime(2026, 12, 3, 9, 0, tzinfo=UTC)
+# The app's clock (django.utils.timezone.now) pinned to "today" of this project, at an
+# instant that is not minute-aligned, like any real one.
+TODAY = datetime(2026, 12, 3, 9, 0, 7, 250_000, tzinfo=UTC)
 FORM = {
     "name": "nightly", "kind": "cron", "expression": "30 2 * * *",
     "time_zone": "America/New_York", "precision": "strict", "misfire_policy": "fire_once",
