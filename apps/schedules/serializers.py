@@ -17,13 +17,15 @@ from rest_framework.fields import SkipField
 
 from apps.occurrences.execution.handlers import PayloadError
 from apps.occurrences.execution.registry import handler_names, handler_spec
+from apps.occurrences.schedule_health import RUN_STATES, ScheduleHealth, schedules_health
 from apps.occurrences.selectors import next_runs_shown
 from apps.schedules import timerules
 from apps.schedules.models import Schedule, ScheduleEvent
 from apps.schedules.services import ScheduleSpec
 
 SERVER_OWNED = {"id", "version", "state", "next_run_at", "tenant", "shard", "created_at",
-                "updated_at"}  # fmt: skip
+                "updated_at", "next_fires", "last_run", "last_success_at",
+                "success_rate"}  # fmt: skip
 
 # The largest value a PositiveIntegerField column holds.
 POSITIVE_INT_MAX = 2_147_483_647
@@ -266,19 +268,33 @@ class ScheduleCreateSerializer(serializers.Serializer[Any]):
         )
 
 
+class LastRunSerializer(serializers.Serializer[dict[str, Any]]):
+    """A schedule's last run: its occurrence state and when (finished, or due while
+    unfinished)."""
+
+    state = serializers.ChoiceField(choices=[s.value for s in RUN_STATES])
+    at = serializers.DateTimeField()
+
+
 class ScheduleListSerializer(serializers.ListSerializer[Schedule]):
     """Many schedules: their shown next runs are read in one query for all of them."""
 
     def to_representation(self, data: Any) -> list[Any]:
         items = list(data.all() if hasattr(data, "all") else data)
         if isinstance(self.child, ScheduleSerializer):
-            self.child.next_runs = next_runs_shown(items)
+            now = timezone.now()
+            self.child.next_runs = next_runs_shown(items, now=now)
+            # One query for the page (apps/occurrences/schedule_health.py); a page is one
+            # tenant's.
+            self.child.health = schedules_health(items, now=now)
         return super().to_representation(items)
 
 
 class ScheduleSerializer(serializers.ModelSerializer[Schedule]):
     # Shown next runs by schedule id, set by ScheduleListSerializer for a whole page.
     next_runs: dict[uuid.UUID, datetime | None] | None = None
+    # Health by schedule id, set the same way.
+    health: dict[uuid.UUID, ScheduleHealth] | None = None
 
     kind = serializers.SerializerMethodField()
     precision = serializers.SerializerMethodField()
@@ -286,6 +302,9 @@ class ScheduleSerializer(serializers.ModelSerializer[Schedule]):
     overlap_policy = serializers.SerializerMethodField()
     next_run_at = serializers.SerializerMethodField()
     next_fires = serializers.SerializerMethodField()
+    last_run = serializers.SerializerMethodField()
+    last_success_at = serializers.SerializerMethodField()
+    success_rate = serializers.SerializerMethodField()
 
     class Meta:
         model = Schedule
@@ -295,7 +314,7 @@ class ScheduleSerializer(serializers.ModelSerializer[Schedule]):
             "start_at", "end_at", "precision", "flexible_window_s", "misfire_policy",
             "max_lateness_s", "catchup_limit", "overlap_policy", "handler", "payload",
             "timeout_s", "version", "state", "next_run_at", "created_at", "updated_at",
-            "next_fires",
+            "next_fires", "last_run", "last_success_at", "success_rate",
         ]  # fmt: skip
         read_only_fields = fields
         extra_kwargs = {
@@ -332,6 +351,45 @@ class ScheduleSerializer(serializers.ModelSerializer[Schedule]):
         else:
             value = next_runs_shown([obj])[obj.id]
         return None if value is None else serializers.DateTimeField().to_representation(value)
+
+    def _health(self, obj: Schedule) -> ScheduleHealth:
+        if self.health is None or obj.id not in self.health:
+            self.health = {**(self.health or {}), **schedules_health([obj], now=timezone.now())}
+        return self.health[obj.id]
+
+    @extend_schema_field(LastRunSerializer(allow_null=True))
+    def get_last_run(self, obj: Schedule) -> dict[str, Any] | None:
+        """The latest occurrence of the last 7 days that ran or should have (finished,
+        running or waiting to retry); null if none."""
+        health = self._health(obj)
+        if health.last_run_state is None or health.last_run_at is None:
+            return None
+        return {
+            "state": health.last_run_state.value,
+            "at": timerules.instant_text(health.last_run_at),
+        }
+
+    @extend_schema_field(
+        serializers.DateTimeField(
+            allow_null=True,
+            help_text="When the latest successful occurrence of the last 7 days finished; null "
+            "if none.",
+        )
+    )
+    def get_last_success_at(self, obj: Schedule) -> str | None:
+        at = self._health(obj).last_success_at
+        return None if at is None else timerules.instant_text(at)
+
+    @extend_schema_field(
+        serializers.FloatField(
+            allow_null=True, min_value=0, max_value=1,
+            help_text="Share (0..1) of the latest finished occurrences (at most 20, last 7 "
+            "days; SUCCEEDED, DEAD or MISSED) that succeeded; null if none finished.",
+        )
+    )  # fmt: skip
+    def get_success_rate(self, obj: Schedule) -> float | None:
+        rate = self._health(obj).success_rate
+        return None if rate is None else round(rate, 4)
 
     def get_next_fires(self, obj: Schedule) -> list[str]:
         """The next five instants (UTC) the rule fires that are not yet materialized; empty

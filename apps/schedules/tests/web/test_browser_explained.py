@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-import pytest
 from django.utils import timezone
 
 from apps.occurrences.execution.claim import occurrence_claim
@@ -112,8 +111,8 @@ def test_list_shows_health_and_filters_the_failing(live_server, browser, alice, 
         _ran(webhook, now - timedelta(minutes=10 * (5 - i)), fail=i >= 3)
     slow = schedule(tenant_a, name="slow start", expression="*/5 * * * *")
     _ran(slow, now - timedelta(minutes=5), lag_s=95)
-    schedule(tenant_a, name="new year", kind=Schedule.Kind.ONE_SHOT, expression="",
-             run_at=now.replace(month=12, day=31, hour=23, minute=0) + timedelta(days=1))  # fmt: skip
+    new_year = now.replace(month=12, day=31, hour=23, minute=0) + timedelta(days=1)
+    schedule(tenant_a, name="new year", kind=Schedule.Kind.ONE_SHOT, expression="", run_at=new_year)
     _login(browser, live_server.url, "alice", "pw-alice-123")
 
     browser.get(f"{live_server.url}/schedules/")
