@@ -45,7 +45,9 @@ def _run(sched: Schedule, due: datetime, *, fail: bool = False, start_lag_s: int
 
 def _row(page: str, name: str) -> str:
     """The text of the list row of schedule `name`, tags stripped, spaces collapsed."""
-    row = re.search(rf"<tr data-schedule=[^>]*>\s*<td><a [^>]*>{re.escape(name)}</a>.*?</tr>", page, re.S)
+    row = re.search(
+        rf"<tr data-schedule=[^>]*>\s*<td><a [^>]*>{re.escape(name)}</a>.*?</tr>", page, re.S
+    )
     assert row is not None, f"no row for {name}"
     return " ".join(re.sub(r"<[^>]+>", " ", row.group(0)).split())
 
@@ -182,7 +184,9 @@ def test_the_health_query_reads_the_schedule_time_index_on_the_partitions(tenant
         cursor.execute("EXPLAIN " + _HEALTH_SQL, params)
         plan = "\n".join(row[0] for row in cursor.fetchall())
 
-    occurrence_scans = re.findall(r"Scan(?: Backward)? using (\S+) on occurrences_occurrence_\w+", plan)
+    occurrence_scans = re.findall(
+        r"Scan(?: Backward)? using (\S+) on occurrences_occurrence_\w+", plan
+    )
     assert occurrence_scans, plan
     assert all("schedule_id_scheduled_for" in name for name in occurrence_scans), plan
     assert "Seq Scan on occurrences_occurrence" not in plan
