@@ -35,10 +35,14 @@ def _words(driver) -> str:
 
 
 def _warning(driver) -> str:
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
 
-    found = driver.find_elements(By.ID, "dst-warning")
-    return str(found[0].text) if found else ""
+    try:
+        found = driver.find_elements(By.ID, "dst-warning")
+        return str(found[0].text) if found else ""
+    except StaleElementReferenceException:  # htmx swapped the preview in between: read again
+        return ""
 
 
 def test_form_switches_by_kind_and_explains_the_rule_as_it_is_typed(
