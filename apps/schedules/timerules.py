@@ -527,17 +527,46 @@ def validate_expression(expression: str) -> None:
     _compile(expression)
 
 
+def _ranges(values: Iterable[int]) -> str:
+    """Sorted values as cron list items, runs of three or more as ranges: ``1-5,7``."""
+    items: list[str] = []
+    run: list[int] = []
+    for value in sorted(values):
+        if run and value == run[-1] + 1:
+            run.append(value)
+            continue
+        if run:
+            items.append(f"{run[0]}-{run[-1]}" if len(run) > 2 else ",".join(map(str, run)))
+        run = [value]
+    if run:
+        items.append(f"{run[0]}-{run[-1]}" if len(run) > 2 else ",".join(map(str, run)))
+    return ",".join(items)
+
+
 def expanded_fields(expression: str) -> tuple[str, str, str, str, str]:
     """The five fields of a valid expression (macros expanded), written so that a standard
-    cron reader describes what Tick runs: a day-of-week field naming all seven days makes
-    every day match under the OR rule, so both day fields read ``*`` (a reader would say
-    "Sunday through Sunday" for ``0-7``). Raises ``TimeRuleError``."""
+    cron reader describes what Tick runs (docs/ui.md "Rules in words"). The day of week is
+    written from the parsed days, Sunday as 0: Tick reads ``7`` as Sunday and ``a/n`` as
+    ``a-7/n``, where readers say "every n weeks" or "Sunday through Sunday"; all seven days
+    make every day match under the OR rule, so both day fields then read ``*``. A stepped
+    field that names one value is written as that value (``*/60`` is minute 0, not "every 60
+    minutes"). Raises ``TimeRuleError``."""
     rule = _compile(expression)
     text = expression.strip()
     fields = (_MACROS[text.lower()] if text.startswith("@") else text).split()
     minute, hour, dom, month, dow = fields
-    if not rule.dow_star and len(rule.dow) == 7:
-        dom, dow = "*", "*"
+    sets = (rule.minutes, rule.hours, rule.dom, rule.months)
+    minute, hour, dom, month = (
+        str(next(iter(values))) if "/" in field and len(values) == 1 else field
+        for field, values in zip((minute, hour, dom, month), sets, strict=True)
+    )
+    if not rule.dow_star:
+        if len(rule.dow) == 7:
+            dom, dow = "*", "*"
+        else:
+            # Sunday as 0 or as 7, whichever reads shorter ("5-7" = Friday through Sunday).
+            as_seven = {7 if day == 0 else day for day in rule.dow}
+            dow = min(_ranges(as_seven), _ranges(rule.dow), key=lambda t: t.count(","))
     return minute, hour, dom, month, dow
 
 

@@ -78,6 +78,12 @@ def test_the_warning_looks_a_year_ahead_whatever_the_preview_count():
         # all seven days under the OR rule: every day, not "Sunday through Sunday"
         ("0 0 13 * 0-7", "At 00:00"),
         ("0 0 13 * fri", "At 00:00, on day 13 of the month, or on Friday"),
+        # Tick's a/n runs to the field's maximum, 7 (Sunday): Saturday and Sunday
+        ("0 0 * * 6/1", "At 00:00, only on Saturday and Sunday"),
+        ("0 0 * * 5/3", "At 00:00, only on Friday"),  # not "every 3 weeks"
+        ("0 0 * * 5-7", "At 00:00, Friday through Sunday"),
+        ("*/60 * * * *", "Every hour"),  # minute 0 only, not "every 60 minutes"
+        ("5/10 * * * *", "Every 10 minutes, starting at 5 minutes past the hour"),
     ],
 )
 def test_cron_in_words_describes_tick_s_dialect(expression, words):
