@@ -74,7 +74,6 @@ class Command(BaseCommand):
         self.stdout.write(f"tenant UI: {base}/")
         self.stdout.write(f"admin:     {base}/admin/")
         self.stdout.write(
-            "try: curl -H 'Authorization: Bearer <key>' "
-            f"'{base}/api/v1/occurrences?page_size=5'"
+            f"try: curl -H 'Authorization: Bearer <key>' '{base}/api/v1/occurrences?page_size=5'"
         )
         self.stdout.write(f"api key: {raw}")
