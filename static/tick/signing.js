@@ -1,5 +1,5 @@
-// Webhook signing page: copy the new secret, and confirm a revocation (no inline handlers,
-// so the page works under a Content-Security-Policy without 'unsafe-inline').
+// Webhook signing page: copy the new secret (no inline handlers, so the page works under a
+// Content-Security-Policy without 'unsafe-inline'). Confirmations: data-confirm, tick.js.
 (function () {
   document.querySelectorAll("[data-copy]").forEach(function (button) {
     button.addEventListener("click", function () {
@@ -7,11 +7,6 @@
       field.select();
       if (navigator.clipboard) navigator.clipboard.writeText(field.value);
       button.textContent = "Copied";
-    });
-  });
-  document.querySelectorAll("form[data-confirm]").forEach(function (form) {
-    form.addEventListener("submit", function (event) {
-      if (!window.confirm(form.getAttribute("data-confirm"))) event.preventDefault();
     });
   });
 })();
