@@ -34,6 +34,7 @@ AT_LEAST_ONE = (
     "TICK_RETENTION_DAYS",
     # Zero would lock every username before its first password is checked.
     "TICK_LOGIN_FAILURE_LIMIT",
+    "TICK_BACKFILL_MAX_INSTANTS",
 )
 # Durations: zero or less expires every lease at once, spins a heartbeat or re-check loop,
 # republishes every ENQUEUED occurrence at once, or is refused by the HTTP client.

@@ -251,6 +251,8 @@ TICK_MAX_JSON_DEPTH = env_int("TICK_MAX_JSON_DEPTH", 32)
 TICK_IDEMPOTENCY_TTL_S = max(env_int("TICK_IDEMPOTENCY_TTL_S", 48 * 3600), 24 * 3600)
 # Receipts look this far back for in-flight occurrences of the changed schedule.
 TICK_RECEIPT_LOOKBACK_S = env_int("TICK_RECEIPT_LOOKBACK_S", 24 * 3600)
+# One backfill request runs at most this many instants (more: 400 naming the maximum).
+TICK_BACKFILL_MAX_INSTANTS = env_int("TICK_BACKFILL_MAX_INSTANTS", 1000)
 
 # --- Celery / RabbitMQ ------------------------------------------------------------------
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "amqp://guest:guest@127.0.0.1:5672//")

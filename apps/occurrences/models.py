@@ -47,6 +47,13 @@ class Occurrence(models.Model):
         # (docs/decisions.md "Overlap policies").
         WAITING = "WAITING", "Waiting (overlap)"
 
+    class Origin(models.TextChoices):
+        """Why the occurrence exists (docs/decisions.md "Run now and backfill")."""
+
+        SCHEDULED = "scheduled", "Scheduled"
+        MANUAL = "manual", "Run now"
+        BACKFILL = "backfill", "Backfill"
+
     pk = models.CompositePrimaryKey("id", "scheduled_for")
     id = models.UUIDField()
     scheduled_for = models.DateTimeField()
@@ -85,13 +92,24 @@ class Occurrence(models.Model):
     # its message; the same id each time.
     redelivery_count = models.PositiveIntegerField(default=0, db_default=0)
     last_redelivered_at = models.DateTimeField(null=True, blank=True)
+    # A run asked for by someone (run now, backfill) beside the timetable's own; db_default:
+    # the materializer's raw insert leaves both out, and adding a column with a constant
+    # default to the partitioned table rewrites nothing.
+    origin = models.CharField(
+        max_length=16, choices=Origin.choices, default=Origin.SCHEDULED, db_default="scheduled"
+    )
+    # The actor who asked for a manual or backfill run; "" for scheduled ones.
+    requested_by = models.CharField(max_length=200, blank=True, default="", db_default="")
 
     class Meta:
         managed = True
         constraints = [
+            # One occurrence per instant and version for each origin: a backfill of an instant
+            # that ended MISSED or DEAD sits beside that row. Built per partition, concurrently
+            # (migration 0011); the materializer's ON CONFLICT DO NOTHING names no target.
             models.UniqueConstraint(
-                fields=["schedule", "schedule_version", "scheduled_for"],
-                name="occurrence_instant_uniq",
+                fields=["schedule", "schedule_version", "scheduled_for", "origin"],
+                name="occurrence_instant_origin_uniq",
             )
         ]
         indexes = [

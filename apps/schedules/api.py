@@ -6,6 +6,7 @@ Every view that takes a schedule id goes through `access_schedule` first, for ev
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from typing import Any, NoReturn
 
@@ -18,6 +19,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from apps.occurrences.manual_runs import schedule_backfill, schedule_run_now
 from apps.occurrences.schedule_changes import (
     LifecycleResult,
     schedule_cancel,
@@ -27,10 +29,14 @@ from apps.occurrences.schedule_changes import (
 )
 from apps.schedules.selectors import access_schedule, schedules_filtered
 from apps.schedules.serializers import (
+    BackfillRequestSerializer,
+    BackfillResponseSerializer,
     ErrorSerializer,
     LifecycleResponseSerializer,
     PreviewEntrySerializer,
     PreviewQuerySerializer,
+    RunNowRequestSerializer,
+    RunNowResponseSerializer,
     ScheduleCreateSerializer,
     ScheduleListQuerySerializer,
     SchedulePreviewDraftSerializer,
@@ -256,6 +262,84 @@ class ScheduleCancel(TenantView):
         """Cancel for good (never deleted): pending unpublished occurrences become CANCELED
         (receipt); enqueued ones are canceled by the worker's claim. Idempotent."""
         return _lifecycle_change(request, schedule_id, schedule_cancel)
+
+
+def _request_id(request: Request, body: dict[str, Any]) -> str:
+    """The run's name: the body's `request_id` or the `Idempotency-Key` header (the same
+    value if both), else a fresh one (every such call runs)."""
+    header = request.headers.get("Idempotency-Key")
+    given = body.get("request_id")
+    if header is not None and not (1 <= len(header) <= 255 and header.isascii()
+                                   and header.isprintable()):  # fmt: skip
+        raise serializers.ValidationError(
+            {"Idempotency-Key": ["Use 1 to 255 printable ASCII characters."]}
+        )
+    if header is not None and given is not None and header != given:
+        raise serializers.ValidationError(
+            {"request_id": ["Differs from the Idempotency-Key header; send one of them."]}
+        )
+    return given or header or str(uuid.uuid4())
+
+
+class ScheduleRunNow(TenantView):
+    @extend_schema(
+        request=RunNowRequestSerializer,
+        parameters=[IDEMPOTENCY_KEY],
+        responses={202: RunNowResponseSerializer, **_errors(*_BODY, 404, 409, *_COMMON)},
+    )
+    def post(self, request: Request, schedule_id: Any) -> Response:
+        """Run the schedule once now, beside its timetable: one occurrence due now on the
+        strict lane, under the tenant's quotas and the schedule's overlap policy (under
+        skip_if_running, while a run is in progress, it is recorded SKIPPED_OVERLAP with
+        its `reason`). Its id derives from the request id (`request_id` or the
+        `Idempotency-Key` header): a retry answers the first receipt (`replayed`, header
+        `Idempotent-Replayed: true`) and runs nothing more. Allowed while paused; 409 for a
+        canceled schedule."""
+        principal = principal_of(request)
+        schedule = access_schedule(tenant=principal.tenant, schedule_id=schedule_id)
+        body = RunNowRequestSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        receipt = schedule_run_now(
+            schedule=schedule,
+            actor=principal.actor,
+            request_id=_request_id(request, body.validated_data),
+        )
+        schedule.refresh_from_db()
+        data = RunNowResponseSerializer({"schedule": schedule, "receipt": receipt}).data
+        headers = {"Idempotent-Replayed": "true"} if receipt.replayed else None
+        return Response(data, status=status.HTTP_202_ACCEPTED, headers=headers)
+
+
+class ScheduleBackfill(TenantView):
+    @extend_schema(
+        request=BackfillRequestSerializer,
+        responses={
+            200: BackfillResponseSerializer,
+            202: BackfillResponseSerializer,
+            **_errors(*_BODY, 404, 409, *_COMMON),
+        },
+    )
+    def post(self, request: Request, schedule_id: Any) -> Response:
+        """Run the rule's instants in [from, to) again, through the catch-up lane at the
+        tenant's catch-up rate: `only` missed (no run, or MISSED / skipped / canceled),
+        failed (DEAD) or all. Each instant is backfilled at most once (deterministic id): a
+        second backfill of the same range queues nothing (`already_done`). At most
+        TICK_BACKFILL_MAX_INSTANTS (1000) instants per request (400
+        `backfill_too_large`); `to` not in the future; `from` within the retention.
+        `dry_run: true` answers the same receipt (200) without writing: the preview. 409
+        for a canceled schedule."""
+        principal = principal_of(request)
+        schedule = access_schedule(tenant=principal.tenant, schedule_id=schedule_id)
+        body = BackfillRequestSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        args = body.validated_data
+        receipt = schedule_backfill(
+            schedule=schedule, actor=principal.actor, start=args["from"], end=args["to"],
+            only=args["only"], dry_run=args["dry_run"],
+        )  # fmt: skip
+        data = BackfillResponseSerializer({"schedule": schedule, "receipt": receipt}).data
+        code = status.HTTP_200_OK if receipt.dry_run else status.HTTP_202_ACCEPTED
+        return Response(data, status=code)
 
 
 class SchedulePreview(TenantView):

@@ -18,4 +18,10 @@ urlpatterns = [
     path(
         "schedules/<uuid:schedule_id>/cancel", api.ScheduleCancel.as_view(), name="schedule-cancel"
     ),
+    path("schedules/<uuid:schedule_id>/run", api.ScheduleRunNow.as_view(), name="schedule-run"),
+    path(
+        "schedules/<uuid:schedule_id>/backfill",
+        api.ScheduleBackfill.as_view(),
+        name="schedule-backfill",
+    ),
 ]

@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Mapping
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 from rest_framework.fields import SkipField
@@ -18,6 +20,7 @@ from rest_framework.fields import SkipField
 from apps.occurrences.execution.handlers import PayloadError
 from apps.occurrences.execution.registry import handler_names, handler_spec
 from apps.occurrences.schedule_health import RUN_STATES, ScheduleHealth, schedules_health
+from apps.occurrences.manual_runs import BackfillOnly
 from apps.occurrences.selectors import next_runs_shown
 from apps.schedules import timerules
 from apps.schedules.models import Schedule, ScheduleEvent
@@ -564,6 +567,165 @@ class ReceiptSerializer(serializers.Serializer[Any]):
 class LifecycleResponseSerializer(serializers.Serializer[Any]):
     schedule = ScheduleSerializer()
     receipt = ReceiptSerializer()
+
+
+# --------------------------------------------------------------------------------------------
+# Run now and backfill (apps/occurrences/manual_runs.py)
+# --------------------------------------------------------------------------------------------
+
+
+def _refuse_unknown(serializer: serializers.Serializer[Any], data: Any) -> None:
+    if isinstance(data, Mapping):
+        unknown = sorted(set(data) - set(serializer.fields))
+        if unknown:
+            raise serializers.ValidationError({name: ["Unknown field."] for name in unknown})
+
+
+@extend_schema_field(OpenApiTypes.DATETIME)
+class InstantField(StrictCharField):
+    """An RFC 3339 instant with its offset (`2026-12-03T06:00:00Z`), as an aware UTC datetime."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        text = super().to_internal_value(data)
+        try:
+            value = parse_datetime(text)
+        except ValueError:
+            value = None
+        if value is None or value.tzinfo is None:
+            raise serializers.ValidationError(
+                "Must be an RFC 3339 instant with its offset, like 2026-12-03T06:00:00Z."
+            )
+        return value.astimezone(UTC)
+
+
+class RunNowRequestSerializer(serializers.Serializer[Any]):
+    request_id = StrictCharField(
+        min_length=1,
+        max_length=255,
+        required=False,
+        help_text=(
+            "Names this request: a retry with the same request id (or `Idempotency-Key` "
+            "header) answers the first receipt and runs nothing more. Absent: a fresh one."
+        ),
+    )
+
+    def to_internal_value(self, data: Any) -> Any:
+        _refuse_unknown(self, data)
+        return super().to_internal_value(data)
+
+    def validate_request_id(self, value: str) -> str:
+        if not (value.isascii() and value.isprintable()):
+            raise serializers.ValidationError("Use 1 to 255 printable ASCII characters.")
+        return value
+
+
+class BackfillRequestSerializer(serializers.Serializer[Any]):
+    only = AnyCaseChoiceField(
+        choices=BackfillOnly.choices,
+        default=BackfillOnly.MISSED,
+        help_text=(
+            "missed: instants with no run, or that ended MISSED, SKIPPED_OVERLAP or CANCELED; "
+            "failed: instants that ended DEAD; all: every instant (not those still in flight)."
+        ),
+    )
+    dry_run = serializers.BooleanField(
+        default=False,
+        help_text="Only count what would run (the preview); nothing is written.",
+    )
+
+    def get_fields(self) -> dict[str, serializers.Field[Any, Any, Any, Any]]:
+        fields = super().get_fields()
+        # `from` is a Python keyword: declared here instead of as a class attribute.
+        fields["from"] = InstantField(help_text="Start of the range (inclusive).")
+        fields["to"] = InstantField(help_text="End of the range (exclusive), not in the future.")
+        return fields
+
+    def to_internal_value(self, data: Any) -> Any:
+        _refuse_unknown(self, data)
+        if isinstance(data, Mapping) and not isinstance(data.get("dry_run", False), bool):
+            raise serializers.ValidationError({"dry_run": ["Must be true or false."]})
+        return super().to_internal_value(data)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        now = timezone.now()
+        start, end = attrs["from"], attrs["to"]
+        errors: dict[str, list[str]] = {}
+        oldest = now - timedelta(days=settings.TICK_RETENTION_DAYS)
+        if start < oldest:
+            errors["from"] = [
+                f"Occurrences are kept {settings.TICK_RETENTION_DAYS} days: from must be on "
+                f"or after {timerules.instant_text(oldest)}."
+            ]
+        if end > now:
+            errors["to"] = ["Must not be in the future: backfill runs instants that passed."]
+        elif end <= start:
+            errors["to"] = ["Must be after from."]
+        if errors:
+            raise serializers.ValidationError(errors)
+        attrs["only"] = BackfillOnly(attrs["only"])
+        return attrs
+
+
+class RunNowReceiptSerializer(serializers.Serializer[Any]):
+    action = serializers.CharField(help_text="Always `run_now`.")
+    at = serializers.DateTimeField()
+    version = serializers.IntegerField(help_text="The schedule's version the run belongs to.")
+    occurrence = serializers.UUIDField(
+        help_text="The run's occurrence (derived from the request id)."
+    )
+    scheduled_for = serializers.DateTimeField()
+    lane = serializers.CharField()
+    state = serializers.CharField(
+        help_text="SCHEDULED (due now), SKIPPED_OVERLAP (see `reason`), or its state by now "
+        "when `replayed`."
+    )
+    request_id = serializers.CharField()
+    replayed = serializers.BooleanField(
+        help_text="True: this request id had already run; nothing new was created."
+    )
+    reason = serializers.CharField(help_text="Why it will not run; empty when it runs.")
+
+
+class RunNowResponseSerializer(serializers.Serializer[Any]):
+    schedule = ScheduleSerializer()
+    receipt = RunNowReceiptSerializer()
+
+
+class BackfillReceiptSerializer(serializers.Serializer[Any]):
+    action = serializers.CharField(help_text="Always `backfilled`.")
+    at = serializers.DateTimeField()
+    version = serializers.IntegerField()
+    only = serializers.CharField()
+    dry_run = serializers.BooleanField()
+    lane = serializers.CharField()
+    instants = serializers.IntegerField(help_text="The rule's instants in [from, to).")
+    queued = serializers.IntegerField(
+        help_text="Instants queued now (dry run: that would be queued)."
+    )
+    already_done = serializers.IntegerField(help_text="Instants an earlier backfill already ran.")
+    skipped = serializers.DictField(
+        child=serializers.IntegerField(),
+        help_text="Instants not run, by what became of them: missed, failed, succeeded "
+        "(not selected by `only`), in_flight (may still run), not_materialized (the "
+        "materializer has not decided them yet).",
+    )
+    first = serializers.DateTimeField(allow_null=True, help_text="Earliest instant queued.")
+    last = serializers.DateTimeField(allow_null=True, help_text="Latest instant queued.")
+    occurrences = serializers.ListField(
+        child=serializers.UUIDField(),
+        help_text="Ids of the queued occurrences (at most 1000; deterministic per instant).",
+    )
+
+    def get_fields(self) -> dict[str, serializers.Field[Any, Any, Any, Any]]:
+        fields = super().get_fields()
+        fields["from"] = serializers.DateTimeField(source="start", help_text="As requested.")
+        fields["to"] = serializers.DateTimeField(source="end", help_text="As requested.")
+        return fields
+
+
+class BackfillResponseSerializer(serializers.Serializer[Any]):
+    schedule = ScheduleSerializer()
+    receipt = BackfillReceiptSerializer()
 
 
 @extend_schema_field(

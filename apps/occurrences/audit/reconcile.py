@@ -239,12 +239,15 @@ _EVENTS_SQL = """
     WHERE schedule_id = ANY(%s::uuid[]) AND kind = ANY(%s)
     ORDER BY schedule_id, at, id
 """
-# Through occurrence_instant_uniq (schedule_id, schedule_version, scheduled_for).
+# Through occurrence_instant_origin_uniq (schedule_id, schedule_version, scheduled_for,
+# origin). Only the timetable's own occurrences: a run-now or backfill run is asked for, not
+# expected from the rule (its stuck states are still judged in step 5).
 _OCCURRENCES_SQL = """
     SELECT uuid_send(id), uuid_send(schedule_id), schedule_version,
            (extract(epoch FROM scheduled_for) * 1000000)::bigint, state
     FROM occurrences_occurrence
     WHERE schedule_id = ANY(%s::uuid[]) AND scheduled_for >= %s AND scheduled_for < %s
+      AND origin = %s
 """
 _OUTBOX_SQL = """
     SELECT uuid_send(occurrence_id) FROM occurrences_dispatchoutbox
@@ -339,7 +342,7 @@ def _load(
             if isinstance(detail, str):
                 detail = json.loads(detail)
             _apply_event(schedules[sid], kind, version, at, detail)
-        cursor.execute(_OCCURRENCES_SQL, [ids, start, end])
+        cursor.execute(_OCCURRENCES_SQL, [ids, start, end, Occurrence.Origin.SCHEDULED])
         stored: dict[bytes, list[tuple[Any, ...]]] = defaultdict(list)
         for occ_id, sid, version, micros, state in cursor.fetchall():
             stored[bytes(sid)].append((bytes(occ_id), version, _instant(micros), state))

@@ -102,7 +102,7 @@ _LOCK_ROW = """
            o.attempt_base, o.deadline_at, o.cancel_requested_at IS NOT NULL,
            s.id, s.state, s.handler, s.payload::text, s.shard,
            s.overlap_policy, t.max_running, t.retry_budget_per_hour, o.enqueued_at,
-           s.timeout_s, t.max_timeout_s
+           s.timeout_s, t.max_timeout_s, o.origin
     FROM occurrences_occurrence o
     JOIN schedules_schedule s ON s.id = o.schedule_id
     JOIN tenants_tenant t ON t.id = o.tenant_id
@@ -136,6 +136,7 @@ class _ClaimRow:
     enqueued_at: datetime | None
     timeout_s: int | None
     max_timeout_s: int
+    origin: str
 
     @property
     def target(self) -> OutboxTarget:
@@ -252,9 +253,14 @@ def _overlap_verdict(cursor: CursorWrapper, row: _ClaimRow, now: datetime) -> Cl
         return None
     advisory_lock(cursor, SCHEDULE_LOCK, row.schedule_id)
     running, waiting = _running_and_waiting(cursor, row, now)
-    # A fresh run can be skipped; one that already started (a retry, a replay) or the
-    # parked QUEUE_ONE one must never be dropped, only delayed.
-    fresh = row.attempt_count == 0 and row.state != Occurrence.State.WAITING
+    # A fresh run can be skipped; one that already started (a retry, a replay), the parked
+    # QUEUE_ONE one or a backfilled instant (asked for one by one: docs/decisions.md "Run now
+    # and backfill") must never be dropped, only delayed.
+    fresh = (
+        row.attempt_count == 0
+        and row.state != Occurrence.State.WAITING
+        and row.origin != Occurrence.Origin.BACKFILL
+    )
     if policy == Schedule.OverlapPolicy.QUEUE_ONE:
         if row.state == Occurrence.State.WAITING:
             return _recheck_later(cursor, row, now, ClaimStatus.WAITING) if running else None
