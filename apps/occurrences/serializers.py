@@ -34,6 +34,7 @@ class OccurrenceSerializer(serializers.ModelSerializer[Occurrence]):
             "id", "schedule_id", "schedule_version", "scheduled_for", "available_at",
             "enqueued_at", "lag_s", "start_lag_s", "state", "lane", "attempt_count", "created_at",
             "finished_at", "last_enqueued_at", "redelivery_count", "last_redelivered_at",
+            "origin", "requested_by",
         ]  # fmt: skip
         read_only_fields = fields
 

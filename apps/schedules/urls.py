@@ -14,4 +14,15 @@ urlpatterns = [
     path("schedules/<str:schedule_id>/pause/", views.schedule_pause_view, name="schedule-pause"),
     path("schedules/<str:schedule_id>/resume/", views.schedule_resume_view, name="schedule-resume"),
     path("schedules/<str:schedule_id>/cancel/", views.schedule_cancel_view, name="schedule-cancel"),
+    path("schedules/<str:schedule_id>/run/", views.schedule_run_view, name="schedule-run"),
+    path(
+        "schedules/<str:schedule_id>/backfill/",
+        views.schedule_backfill_view,
+        name="schedule-backfill",
+    ),
+    path(
+        "schedules/<str:schedule_id>/backfill/preview/",
+        views.schedule_backfill_preview_view,
+        name="schedule-backfill-preview",
+    ),
 ]

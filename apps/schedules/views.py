@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.contrib import messages
@@ -15,8 +15,15 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 from django.views.decorators.http import require_POST
 
+from apps.occurrences.manual_runs import (
+    BackfillReceipt,
+    RunNowReceipt,
+    schedule_backfill,
+    schedule_run_now,
+)
 from apps.occurrences.models import Attempt
 from apps.occurrences.schedule_changes import (
     LifecycleResult,
@@ -46,7 +53,12 @@ from apps.schedules.forms import (
 from apps.schedules.models import Schedule, ScheduleEvent, ScheduleVersion
 from apps.schedules.rule_words import cron_in_words, schedule_in_words
 from apps.schedules.selectors import access_schedule, schedules_filtered
-from apps.schedules.serializers import KIND_IN, schedule_as_input
+from apps.schedules.serializers import (
+    KIND_IN,
+    BackfillRequestSerializer,
+    RunNowRequestSerializer,
+    schedule_as_input,
+)
 from apps.schedules.services import (
     schedule_create,
     schedule_dst_changes,
@@ -184,6 +196,7 @@ def _detail(
     schedule: Schedule,
     *,
     result: LifecycleResult | None = None,
+    manual: RunNowReceipt | BackfillReceipt | None = None,
     status: int = 200,
 ) -> HttpResponse:
     now = timezone.now()
@@ -199,7 +212,7 @@ def _detail(
         "recent": _recent_occurrences(schedule, now), "receipt": result.receipt if result else None,
         "dst_changes": schedule_dst_changes(timing=schedule, now=now),
         "words": schedule_in_words(schedule),
-        "nav": "schedules",
+        "nav": "schedules", **_manual_context(manual, now),
     }, status=status)  # fmt: skip
 
 
@@ -321,3 +334,105 @@ def schedule_resume_view(request: HttpRequest, schedule_id: str) -> HttpResponse
 @require_POST
 def schedule_cancel_view(request: HttpRequest, schedule_id: str) -> HttpResponse:
     return _lifecycle(request, schedule_id, schedule_cancel)
+
+
+# --------------------------------------------------------------------------------------------
+# Run now and backfill (apps/occurrences/manual_runs.py; the API's validation)
+# --------------------------------------------------------------------------------------------
+
+_LOCAL_MINUTE = "%Y-%m-%dT%H:%M"
+
+
+def _manual_context(
+    manual: RunNowReceipt | BackfillReceipt | None, now: datetime
+) -> dict[str, Any]:
+    """The run-now form's fresh request id (a resubmitted form runs once) and the backfill
+    dialog's default range (the last 24 h, in UTC like every web form)."""
+    end = now.replace(second=0, microsecond=0)
+    return {
+        "run_receipt": manual if isinstance(manual, RunNowReceipt) else None,
+        "backfill_receipt": manual if isinstance(manual, BackfillReceipt) else None,
+        "run_request_id": str(uuid.uuid4()),
+        "backfill_from": (end - timedelta(days=1)).strftime(_LOCAL_MINUTE),
+        "backfill_to": end.strftime(_LOCAL_MINUTE),
+    }
+
+
+def _as_utc_text(text: str) -> str:
+    """A form's `datetime-local` value (no offset) read as UTC; anything else as typed, for
+    the serializer to judge."""
+    value = parse_datetime(text.strip()) if text else None
+    if value is not None and value.tzinfo is None:
+        return value.replace(tzinfo=UTC).isoformat()
+    return text
+
+
+def _backfill_args(request: HttpRequest) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """The dialog's fields validated like the API's body: (arguments, errors by field)."""
+    data = {
+        "from": _as_utc_text(request.POST.get("from", "")),
+        "to": _as_utc_text(request.POST.get("to", "")),
+        "only": request.POST.get("only", "missed"),
+    }
+    body = BackfillRequestSerializer(data=data)
+    if not body.is_valid():
+        return None, {name: [str(m) for m in msgs] for name, msgs in body.errors.items()}
+    return dict(body.validated_data), {}
+
+
+@tenant_page
+@require_POST
+def schedule_run_view(request: HttpRequest, schedule_id: str) -> HttpResponse:
+    schedule = access_schedule(tenant=tick_of(request).tenant, schedule_id=schedule_id)
+    admin_only(request)
+    body = RunNowRequestSerializer(data={"request_id": request.POST.get("request_id", "")})
+    request_id = body.validated_data["request_id"] if body.is_valid() else str(uuid.uuid4())
+    try:
+        receipt = schedule_run_now(
+            schedule=schedule, actor=actor_of(request), request_id=request_id
+        )
+    except LifecycleError as err:
+        messages.error(request, err.message)
+        return _detail(request, schedule, status=err.status)
+    schedule.refresh_from_db()
+    return _detail(request, schedule, manual=receipt)
+
+
+@tenant_page
+@require_POST
+def schedule_backfill_preview_view(request: HttpRequest, schedule_id: str) -> HttpResponse:
+    """The dialog's preview (htmx): the backfill's dry run, nothing written."""
+    schedule = access_schedule(tenant=tick_of(request).tenant, schedule_id=schedule_id)
+    admin_only(request)
+    args, errors = _backfill_args(request)
+    receipt = None
+    if args is not None:
+        try:
+            receipt = schedule_backfill(
+                schedule=schedule, actor=actor_of(request), start=args["from"], end=args["to"],
+                only=args["only"], dry_run=True,
+            )  # fmt: skip
+        except LifecycleError as err:
+            errors = {err.field or "non_field_errors": [err.message]}
+    return render(request, "tick/_backfill_preview.html", {
+        "schedule": schedule, "preview": receipt, "errors": errors, "form": request.POST,
+    })  # fmt: skip
+
+
+@tenant_page
+@require_POST
+def schedule_backfill_view(request: HttpRequest, schedule_id: str) -> HttpResponse:
+    schedule = access_schedule(tenant=tick_of(request).tenant, schedule_id=schedule_id)
+    admin_only(request)
+    args, errors = _backfill_args(request)
+    try:
+        if args is None:
+            raise LifecycleError(" ".join(f"{k}: {' '.join(v)}" for k, v in errors.items()))
+        receipt = schedule_backfill(
+            schedule=schedule, actor=actor_of(request), start=args["from"], end=args["to"],
+            only=args["only"],
+        )  # fmt: skip
+    except LifecycleError as err:
+        messages.error(request, f"Backfill refused: {err.message}")
+        return _detail(request, schedule, status=err.status)
+    return _detail(request, schedule, manual=receipt)

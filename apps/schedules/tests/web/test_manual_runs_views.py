@@ -1,0 +1,86 @@
+"""Run now and backfill on the schedule page (server side): the form's request id makes a
+resubmitted form run once, the dialog's preview writes nothing, the tenancy trio."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.utils import timezone
+
+from apps.occurrences.models import Occurrence
+from apps.occurrences.tests.support import rows
+
+pytestmark = pytest.mark.django_db
+
+
+def _hour(hours_ago: int) -> datetime:
+    top = timezone.now().astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+    return top - timedelta(hours=hours_ago)
+
+
+def _local(at: datetime) -> str:
+    return at.strftime("%Y-%m-%dT%H:%M")  # the dialog's datetime-local inputs, read as UTC
+
+
+def test_run_now_form_resubmitted_runs_once_and_shows_the_receipt(client, alice, tenant_a):
+    schedule = rows.schedule(tenant_a)
+    client.force_login(alice)
+    page = client.get(f"/schedules/{schedule.id}/")
+    request_id = page.context["run_request_id"]
+
+    first = client.post(f"/schedules/{schedule.id}/run/", {"request_id": request_id})
+    again = client.post(f"/schedules/{schedule.id}/run/", {"request_id": request_id})
+
+    assert first.status_code == 200 and first.context["run_receipt"].replayed is False
+    assert again.context["run_receipt"].replayed is True
+    manual = Occurrence.objects.get(schedule=schedule, origin=Occurrence.Origin.MANUAL)
+    assert manual.requested_by == "user:alice"
+    body = again.content.decode()
+    assert 'id="run-receipt"' in body and "nothing new was created" in body
+    assert "Run now · user:alice" in body  # the recent occurrences table
+
+
+def test_backfill_preview_writes_nothing_and_confirm_runs_the_missed(client, alice, tenant_a):
+    schedule = rows.schedule(tenant_a)
+    rows.occurrence(schedule, _hour(3), state=Occurrence.State.MISSED)
+    rows.occurrence(schedule, _hour(2), state=Occurrence.State.SUCCEEDED)
+    client.force_login(alice)
+    form = {"from": _local(_hour(4)), "to": _local(_hour(0)), "only": "missed"}
+
+    preview = client.post(f"/schedules/{schedule.id}/backfill/preview/", form)
+
+    assert preview.status_code == 200
+    assert preview.context["preview"].queued == 3  # 4 h ago, 3 h ago (missed), 1 h ago
+    assert 'id="backfill-count">3<' in preview.content.decode()
+    assert not Occurrence.objects.filter(schedule=schedule, origin="backfill").exists()
+
+    done = client.post(f"/schedules/{schedule.id}/backfill/", form)
+
+    assert done.context["backfill_receipt"].queued == 3
+    assert Occurrence.objects.filter(schedule=schedule, origin="backfill").count() == 3
+
+
+def test_backfill_preview_shows_field_errors(client, alice, tenant_a):
+    schedule = rows.schedule(tenant_a)
+    client.force_login(alice)
+    future = timezone.now() + timedelta(hours=2)
+
+    preview = client.post(
+        f"/schedules/{schedule.id}/backfill/preview/",
+        {"from": _local(_hour(1)), "to": _local(future), "only": "missed"},
+    )
+
+    assert "to" in preview.context["errors"]
+    assert "Must not be in the future" in preview.content.decode()
+
+
+def test_viewer_gets_403_and_outsider_404_and_nothing_runs(client, bob, charlie, tenant_a):
+    schedule = rows.schedule(tenant_a)
+    form = {"from": _local(_hour(3)), "to": _local(_hour(0)), "only": "all"}
+    for user, expected in ((bob, 403), (charlie, 404)):
+        client.force_login(user)
+        assert client.post(f"/schedules/{schedule.id}/run/").status_code == expected
+        for url in ("backfill/", "backfill/preview/"):
+            assert client.post(f"/schedules/{schedule.id}/{url}", form).status_code == expected
+    assert not Occurrence.objects.filter(schedule=schedule).exists()
