@@ -1,8 +1,9 @@
 """Daily range partitions of the occurrence and attempt tables.
 
 Partitions are plain `CREATE TABLE IF NOT EXISTS … PARTITION OF` statements: idempotent, safe
-to run from several processes, and with no DEFAULT partition (one could later block creating
-the partition that covers its rows). Retention drops whole days: no row-by-row DELETE.
+to run from several processes (a concurrent creation of the same day is taken as done), and
+with no DEFAULT partition (one could later block creating the partition that covers its
+rows). Retention drops whole days: no row-by-row DELETE.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
 
-from django.db import connection
+from django.db import IntegrityError, ProgrammingError, connection, transaction
+from django.db.backends.utils import CursorWrapper
 
 PARTITIONED_TABLES = ("occurrences_occurrence", "occurrences_attempt")
 _SUFFIX = re.compile(r"_p(\d{8})$")
@@ -52,15 +54,31 @@ def partitions_ensure(days: Iterable[date]) -> list[str]:
                 name = partition_name(table, day)
                 cursor.execute("SELECT to_regclass(%s) IS NULL", [name])
                 row = cursor.fetchone()
-                if row and row[0]:
-                    cursor.execute(
-                        f'CREATE TABLE IF NOT EXISTS "{name}" PARTITION OF "{table}" '
-                        "FOR VALUES FROM (%s) TO (%s)",
-                        [start, end],
-                    )
+                if row and row[0] and _create(cursor, name, table, start, end):
                     created.append(name)
             _known_days.add(day)
     return created
+
+
+def _create(cursor: CursorWrapper, name: str, table: str, start: datetime, end: datetime) -> bool:
+    """Create one partition; False if another process created it first. `IF NOT EXISTS`
+    is not safe against a concurrent CREATE of the same name (PostgreSQL then raises a
+    duplicate), so that error is taken as "exists" once the name resolves. The savepoint keeps
+    a caller's transaction usable."""
+    try:
+        with transaction.atomic():
+            cursor.execute(
+                f'CREATE TABLE IF NOT EXISTS "{name}" PARTITION OF "{table}" '
+                "FOR VALUES FROM (%s) TO (%s)",
+                [start, end],
+            )
+        return True
+    except (ProgrammingError, IntegrityError):
+        cursor.execute("SELECT to_regclass(%s) IS NOT NULL", [name])
+        found = cursor.fetchone()
+        if found and found[0]:
+            return False
+        raise
 
 
 def partitions_missing(days: Iterable[date]) -> set[date]:
