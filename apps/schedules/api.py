@@ -281,10 +281,22 @@ def _request_id(request: Request, body: dict[str, Any]) -> str:
     return given or header or str(uuid.uuid4())
 
 
+RUN_REQUEST_KEY = OpenApiParameter(
+    "Idempotency-Key",
+    OpenApiTypes.STR,
+    OpenApiParameter.HEADER,
+    required=False,
+    description=(
+        "The run's request id (1 to 255 printable ASCII characters), as the body's "
+        "`request_id`: the same value runs once, for at least 24 h."
+    ),
+)
+
+
 class ScheduleRunNow(TenantView):
     @extend_schema(
         request=RunNowRequestSerializer,
-        parameters=[IDEMPOTENCY_KEY],
+        parameters=[RUN_REQUEST_KEY],
         responses={202: RunNowResponseSerializer, **_errors(*_BODY, 404, 409, *_COMMON)},
     )
     def post(self, request: Request, schedule_id: Any) -> Response:
@@ -292,8 +304,8 @@ class ScheduleRunNow(TenantView):
         strict lane, under the tenant's quotas and the schedule's overlap policy (under
         skip_if_running, while a run is in progress, it is recorded SKIPPED_OVERLAP with
         its `reason`). Its id derives from the request id (`request_id` or the
-        `Idempotency-Key` header): a retry answers the first receipt (`replayed`, header
-        `Idempotent-Replayed: true`) and runs nothing more. Allowed while paused; 409 for a
+        `Idempotency-Key` header): a retry answers that occurrence's receipt (`replayed`,
+        header `Idempotent-Replayed: true`) and runs nothing more. Allowed while paused; 409 for a
         canceled schedule."""
         principal = principal_of(request)
         schedule = access_schedule(tenant=principal.tenant, schedule_id=schedule_id)
