@@ -19,8 +19,8 @@ from rest_framework.fields import SkipField
 
 from apps.occurrences.execution.handlers import PayloadError
 from apps.occurrences.execution.registry import handler_names, handler_spec
-from apps.occurrences.schedule_health import RUN_STATES, ScheduleHealth, schedules_health
 from apps.occurrences.manual_runs import BackfillOnly
+from apps.occurrences.schedule_health import RUN_STATES, ScheduleHealth, schedules_health
 from apps.occurrences.selectors import next_runs_shown
 from apps.schedules import timerules
 from apps.schedules.models import Schedule, ScheduleEvent
