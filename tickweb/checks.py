@@ -35,6 +35,7 @@ AT_LEAST_ONE = (
     # Zero would lock every username before its first password is checked.
     "TICK_LOGIN_FAILURE_LIMIT",
     "TICK_BACKFILL_MAX_INSTANTS",
+    "TICK_INVITATION_TTL_DAYS",
 )
 # Durations: zero or less expires every lease at once, spins a heartbeat or re-check loop,
 # republishes every ENQUEUED occurrence at once, or is refused by the HTTP client.
@@ -72,6 +73,7 @@ NOT_NEGATIVE = (
     "TICK_PARTITION_DAYS_AHEAD",
     "TICK_METRICS_TOP_TENANTS",
     "TICK_SIGNING_ROTATION_OVERLAP_S",
+    "TICK_SESSION_SEEN_RESOLUTION_S",
 )
 
 Apps = Sequence[AppConfig] | None
@@ -330,3 +332,20 @@ def check_signing_keys(app_configs: Apps = None, **kwargs: Any) -> list[CheckMes
                 )
             )
     return errors
+
+
+# Deploy-only like tick.W002: `make run` deliberately prints mail to the console.
+@checks.register(checks.Tags.security, deploy=True)
+def check_email_configured(app_configs: Apps = None, **kwargs: Any) -> list[CheckMessage]:
+    """Invitations and password resets travel by e-mail; the console backend loses them."""
+    if settings.EMAIL_URL:
+        return []
+    return [
+        checks.Warning(
+            "EMAIL_URL is unset: invitation and password-reset mails are printed to the web "
+            "process's console instead of being sent.",
+            hint="Set EMAIL_URL, e.g. smtp://user:pass@smtp.example.com:587/?tls=1, and "
+            "DEFAULT_FROM_EMAIL.",
+            id="tick.W021",
+        )
+    ]

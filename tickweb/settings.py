@@ -10,6 +10,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
+import dj_email_url
 import django_stubs_ext
 from django.core.exceptions import ImproperlyConfigured
 
@@ -65,6 +66,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     # request.user.is_verified(): whether this session passed a TOTP device (admin site).
     "django_otp.middleware.OTPMiddleware",
+    # Records the signed-in user's session for the account page's session list (docs/ui.md).
+    "apps.tenants.middleware.UserSessionMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
@@ -119,6 +122,28 @@ AUTH_PASSWORD_VALIDATORS = [
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "dashboard"
 LOGOUT_REDIRECT_URL = "login"
+# Invitation links (apps/tenants/members.py) stop working this many days after they are sent.
+TICK_INVITATION_TTL_DAYS = env_int("TICK_INVITATION_TTL_DAYS", 7)
+# A user's session row (apps/tenants/models.py: UserSession) is refreshed at most this often.
+TICK_SESSION_SEEN_RESOLUTION_S = env_int("TICK_SESSION_SEEN_RESOLUTION_S", 300)
+# Password-reset links expire after this many seconds (Django's setting; default 1 day here).
+PASSWORD_RESET_TIMEOUT = env_int("PASSWORD_RESET_TIMEOUT", 24 * 3600)
+
+# --- e-mail -----------------------------------------------------------------------------
+# One URL (dj-email-url): smtp://user:pass@host:587/?tls=1, smtp://host:465/?ssl=1,
+# console:// … Unset: the console backend (mail printed by the web process, as under
+# `make run`); tickweb/checks.py warns about that when DEBUG is off. Tests use locmem.
+EMAIL_URL = env_str("EMAIL_URL", "")
+_email = dj_email_url.parse(EMAIL_URL or "console://")
+EMAIL_BACKEND = _email["EMAIL_BACKEND"]
+EMAIL_HOST = _email["EMAIL_HOST"] or "localhost"
+EMAIL_PORT = _email["EMAIL_PORT"] or 25
+EMAIL_HOST_USER = _email["EMAIL_HOST_USER"] or ""
+EMAIL_HOST_PASSWORD = _email["EMAIL_HOST_PASSWORD"] or ""
+EMAIL_USE_TLS = _email["EMAIL_USE_TLS"]
+EMAIL_USE_SSL = _email["EMAIL_USE_SSL"]
+EMAIL_TIMEOUT = _email["EMAIL_TIMEOUT"] or 10
+DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "Tick <tick@localhost>")
 
 # --- database ---------------------------------------------------------------------------
 DATABASES = {
@@ -230,7 +255,8 @@ REST_FRAMEWORK = {
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "Tick API",
-    "DESCRIPTION": "Multi-tenant scheduler: schedules, occurrences and their attempts.",
+    "DESCRIPTION": "Multi-tenant scheduler: schedules, occurrences and their attempts; "
+    "the account's members and invitations.",
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
     # Swagger UI assets come from a package and are served by the app: no CDN.
@@ -241,6 +267,8 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "ScheduleStateEnum": "apps.schedules.models.Schedule.State",
         "OccurrenceStateEnum": "apps.occurrences.models.Occurrence.State",
+        "InvitationStateEnum": "apps.tenants.models.Invitation.State",
+        "RoleEnum": "apps.tenants.models.Membership.Role",
     },
 }
 # Request bodies above this answer 413 (a schedule with a 64 KiB payload fits with room).

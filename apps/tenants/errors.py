@@ -49,3 +49,24 @@ class LastSigningSecret(RefusedRequest):
 class SigningUnavailable(Exception):
     """A stored signing secret cannot be decrypted with the configured keys (TICK_SIGNING_KEYS
     lost or changed): an operator's configuration error, not a tenant's."""
+
+
+class MembershipConflict(RefusedRequest):
+    """The address is already a member, or already has an open invitation (re-send it)."""
+
+    status = 409
+    code = "membership_conflict"
+
+
+class LastAdminRefused(RefusedRequest):
+    """Removing or demoting the tenant's last admin would leave nobody to run the account."""
+
+    status = 409
+    code = "last_admin"
+
+
+class InvitationStateConflict(RefusedRequest):
+    """The invitation was already accepted or revoked: it cannot be re-sent or revoked."""
+
+    status = 409
+    code = "invitation_closed"

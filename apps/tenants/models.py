@@ -9,6 +9,7 @@ from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
+from django.db.models.functions import Lower
 
 # The most extra webhook ports one tenant may open (Tenant.webhook_allowed_ports).
 MAX_WEBHOOK_PORTS = 20
@@ -89,6 +90,11 @@ class ApiKey(models.Model):
     expires_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
+    # What the key may do in the account API (members, invitations): a viewer key reads them
+    # and changes nothing. Existing keys were full credentials, so the default stays admin.
+    role = models.CharField(
+        max_length=16, choices=Membership.Role.choices, default=Membership.Role.ADMIN
+    )
 
     def __str__(self) -> str:
         return f"{self.prefix}… ({self.name})"
@@ -218,3 +224,80 @@ class SigningSecret(models.Model):
         if self.expires_at is not None and self.expires_at <= now:
             return SigningSecret.Status.EXPIRED
         return SigningSecret.Status.ACTIVE
+
+
+class Invitation(models.Model):
+    """An e-mailed invitation to join a tenant with a role (docs/decisions.md: invitations).
+
+    Only a SHA-256 of the link's random token is stored: the link is shown nowhere but in the
+    mail. Single use (`accepted_at`), revocable, expiring; a re-send replaces the token, so
+    only the newest link works.
+    """
+
+    class State(models.TextChoices):
+        PENDING = "pending", "Pending"
+        EXPIRED = "expired", "Expired"
+        ACCEPTED = "accepted", "Accepted"
+        REVOKED = "revoked", "Revoked"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="invitations")
+    email = models.EmailField(max_length=254)
+    role = models.CharField(max_length=16, choices=Membership.Role.choices)
+    token_hash = models.CharField(max_length=64, unique=True)
+    invited_by = models.CharField(max_length=150)
+    created_at = models.DateTimeField()
+    sent_at = models.DateTimeField()
+    expires_at = models.DateTimeField()
+    accepted_at = models.DateTimeField(null=True, blank=True)
+    accepted_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            # One open invitation per address and tenant: inviting again is a re-send.
+            models.UniqueConstraint(
+                Lower("email"),
+                "tenant",
+                name="invitation_open_email_uniq",
+                condition=models.Q(accepted_at__isnull=True, revoked_at__isnull=True),
+            )
+        ]
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.email} → {self.tenant_id} ({self.role})"
+
+    def state_at(self, now: datetime) -> Invitation.State:
+        if self.accepted_at is not None:
+            return Invitation.State.ACCEPTED
+        if self.revoked_at is not None:
+            return Invitation.State.REVOKED
+        if self.expires_at <= now:
+            return Invitation.State.EXPIRED
+        return Invitation.State.PENDING
+
+
+class UserSession(models.Model):
+    """A signed-in session of a user, so the account page can list and end them: Django's
+    session table cannot be searched by user. Written by `UserSessionMiddleware` at login and
+    then at most every TICK_SESSION_SEEN_RESOLUTION_S; rows of sessions that no longer exist
+    are pruned when listed."""
+
+    session_key = models.CharField(max_length=40, primary_key=True)
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    user_agent = models.CharField(max_length=300, blank=True)
+    ip = models.GenericIPAddressField(null=True, blank=True)
+    created_at = models.DateTimeField()
+    last_seen_at = models.DateTimeField()
+
+    class Meta:
+        indexes = [
+            # The account page and "sign out everywhere": one user's sessions.
+            models.Index(fields=["user", "last_seen_at"], name="user_session_user_idx")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user_id} {self.session_key[:6]}…"

@@ -47,9 +47,14 @@ def tenant_create(*, slug: str, name: str | None = None) -> Tenant:
 
 
 def api_key_create(
-    *, tenant: Tenant, name: str, expires_at: datetime | None = None
+    *,
+    tenant: Tenant,
+    name: str,
+    expires_at: datetime | None = None,
+    role: Membership.Role = Membership.Role.ADMIN,
 ) -> tuple[ApiKey, str]:
-    """Create a key; returns the row and the raw key, which is never retrievable again."""
+    """Create a key; returns the row and the raw key, which is never retrievable again.
+    A viewer key reads the account API (members, invitations) and changes nothing there."""
     raw = KEY_PREFIX + secrets.token_urlsafe(32)
     key = ApiKey.objects.create(
         tenant=tenant,
@@ -57,6 +62,7 @@ def api_key_create(
         prefix=raw[: len(KEY_PREFIX) + 8],
         key_hash=hash_api_key(raw),
         expires_at=expires_at,
+        role=role,
     )
     return key, raw
 

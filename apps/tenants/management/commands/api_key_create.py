@@ -6,7 +6,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
-from apps.tenants.models import Tenant
+from apps.tenants.models import Membership, Tenant
 from apps.tenants.services import api_key_create
 
 
@@ -17,6 +17,12 @@ class Command(BaseCommand):
         parser.add_argument("slug")
         parser.add_argument("--name", default="created by api_key_create")
         parser.add_argument("--expires-in-days", type=int, default=None)
+        parser.add_argument(
+            "--role",
+            choices=Membership.Role.values,
+            default=Membership.Role.ADMIN,
+            help="viewer: reads members and invitations in the API, changes nothing there",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         tenant = Tenant.objects.filter(slug=options["slug"]).first()
@@ -26,7 +32,12 @@ class Command(BaseCommand):
         if days is not None and days <= 0:
             raise CommandError("--expires-in-days must be positive")
         expires_at = timezone.now() + timedelta(days=days) if days else None
-        key, raw = api_key_create(tenant=tenant, name=options["name"], expires_at=expires_at)
+        key, raw = api_key_create(
+            tenant=tenant,
+            name=options["name"],
+            expires_at=expires_at,
+            role=Membership.Role(options["role"]),
+        )
         until = expires_at.isoformat() if expires_at else "never"
-        self.stdout.write(f"key {key.prefix}… for {tenant.slug}, expires {until}")
+        self.stdout.write(f"key {key.prefix}… ({key.role}) for {tenant.slug}, expires {until}")
         self.stdout.write(raw)
