@@ -1,25 +1,46 @@
-"""Tenant web pages: the tenant switcher, API keys, webhook signing, members. The tenancy
-door of every web page (`tenant_page`, `tick_of`, `admin_only`) is `apps/tenants/web.py`."""
+"""Tenant web pages: the tenant switcher, API keys, webhook signing, members and invitations,
+the activity log, the signed-in person's account (password, sessions). The tenancy door of
+every web page (`tenant_page`, `tick_of`, `admin_only`) is `apps/tenants/web.py`."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlencode
 
 from axes.helpers import get_client_username
 from django.conf import settings
 from django.contrib import messages
+from django.contrib.auth import login
+from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import redirect, render
-from django.urls import reverse
+from django.urls import reverse, reverse_lazy
 from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
-from apps.tenants.errors import LastSigningSecret, RotationInProgress
+from apps.tenants.accounts import password_changed, user_sessions, user_sessions_revoke_others
+from apps.tenants.errors import LastSigningSecret, RefusedRequest, RotationInProgress
+from apps.tenants.forms import InviteForm, NewAccountForm, RoleForm
 from apps.tenants.login_security import login_lockout_ends_at
-from apps.tenants.models import ApiKey, Membership, SigningSecret
+from apps.tenants.members import (
+    access_invitation,
+    access_membership,
+    invitation_accept,
+    invitation_by_token,
+    invitation_create,
+    invitation_resend,
+    invitation_revoke,
+    invitations_for,
+    members_for,
+    membership_change_role,
+    membership_remove,
+    users_with_address,
+)
+from apps.tenants.models import ApiKey, Invitation, Membership, SigningSecret, TenantEvent
 from apps.tenants.no_store import shows_secret
 from apps.tenants.services import api_key_create, api_key_revoke_for_tenant
 from apps.tenants.signing import (
@@ -100,11 +121,18 @@ def api_keys(request: HttpRequest) -> HttpResponse:
         if not name or len(name) > 100:
             messages.error(request, "Give the key a name of 1 to 100 characters.")
         else:
-            key, created_raw = api_key_create(tenant=tick.tenant, name=name)
+            role = request.POST.get("role", Membership.Role.ADMIN)
+            if role not in Membership.Role.values:
+                role = Membership.Role.ADMIN
+            key, created_raw = api_key_create(
+                tenant=tick.tenant, name=name, role=Membership.Role(role)
+            )
             messages.success(request, f"Key {key.prefix}… created. Copy it now: it is shown once.")
     keys = ApiKey.objects.filter(tenant=tick.tenant).order_by("-created_at")[:200]
     return render(
-        request, "tick/api_keys.html", {"keys": keys, "created_raw": created_raw, "nav": "keys"}
+        request,
+        "tick/api_keys.html",
+        {"keys": keys, "created_raw": created_raw, "nav": "keys", "roles": Membership.Role.choices},
     )
 
 
@@ -118,6 +146,17 @@ def api_key_revoke(request: HttpRequest, key_id: str) -> HttpResponse:
         raise Http404("No such API key.")
     messages.success(request, f"Key {key.prefix}… revoked; requests with it now answer 401.")
     return redirect(reverse("api-keys"))
+
+
+# --- team: members, invitations, activity (docs/ui.md) --------------------------------------
+
+
+def _site_url(request: HttpRequest) -> str:
+    return request.build_absolute_uri("/")
+
+
+def _role(value: str) -> Membership.Role:
+    return Membership.Role(value)
 
 
 @tenant_page
@@ -174,9 +213,229 @@ def signing_secret_revoke_view(request: HttpRequest, secret_id: str) -> HttpResp
 @tenant_page
 def members(request: HttpRequest) -> HttpResponse:
     tick = tick_of(request)
-    rows = (
-        Membership.objects.filter(tenant=tick.tenant)
-        .select_related("user")
-        .order_by("user__username")
+    form = InviteForm()
+    if request.method == "POST":
+        admin_only(request)
+        form = InviteForm(request.POST)
+        if form.is_valid():
+            email = form.cleaned_data["email"]
+            try:
+                invitation_create(
+                    tenant=tick.tenant, email=email, role=_role(form.cleaned_data["role"]),
+                    actor=actor_of(request), site_url=_site_url(request),
+                )  # fmt: skip
+            except RefusedRequest as refused:
+                form.add_error("email", refused.message)
+            else:
+                messages.success(request, f"Invitation sent to {email}.")
+                return redirect("members")
+    now = timezone.now()
+    invitations = [
+        (invitation, invitation.state_at(now))
+        for invitation in invitations_for(tenant=tick.tenant).filter(accepted_at__isnull=True)[:200]
+    ]
+    return render(
+        request,
+        "tick/members.html",
+        {
+            "members": members_for(tenant=tick.tenant),
+            "invitations": invitations,
+            "form": form,
+            "roles": Membership.Role.choices,
+            "pending": Invitation.State.PENDING,
+            "nav": "members",
+            "self_id": request.user.pk,
+            "ttl_days": settings.TICK_INVITATION_TTL_DAYS,
+        },
     )
-    return render(request, "tick/members.html", {"members": rows, "nav": "members"})
+
+
+def _refusal_or(request: HttpRequest, action: Callable[[], str]) -> HttpResponse:
+    try:
+        messages.success(request, action())
+    except RefusedRequest as refused:
+        messages.error(request, refused.message)
+    return redirect("members")
+
+
+@tenant_page
+@require_POST
+def invitation_resend_view(request: HttpRequest, invitation_id: str) -> HttpResponse:
+    tick = tick_of(request)
+    invitation = access_invitation(tenant=tick.tenant, invitation_id=invitation_id)
+    admin_only(request)
+
+    def act() -> str:
+        invitation_resend(
+            invitation=invitation, actor=actor_of(request), site_url=_site_url(request)
+        )
+        return f"Invitation to {invitation.email} sent again; the earlier link no longer works."
+
+    return _refusal_or(request, act)
+
+
+@tenant_page
+@require_POST
+def invitation_revoke_view(request: HttpRequest, invitation_id: str) -> HttpResponse:
+    tick = tick_of(request)
+    invitation = access_invitation(tenant=tick.tenant, invitation_id=invitation_id)
+    admin_only(request)
+
+    def act() -> str:
+        invitation_revoke(invitation=invitation, actor=actor_of(request))
+        return f"Invitation to {invitation.email} revoked."
+
+    return _refusal_or(request, act)
+
+
+@tenant_page
+@require_POST
+def member_role_view(request: HttpRequest, membership_id: str) -> HttpResponse:
+    tick = tick_of(request)
+    membership = access_membership(tenant=tick.tenant, membership_id=membership_id)
+    admin_only(request)
+    form = RoleForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, "Choose admin or viewer.")
+        return redirect("members")
+
+    def act() -> str:
+        changed = membership_change_role(
+            membership=membership, role=_role(form.cleaned_data["role"]), actor=actor_of(request)
+        )
+        return f"{changed.user.get_username()} is now {changed.get_role_display().lower()}."
+
+    return _refusal_or(request, act)
+
+
+@tenant_page
+@require_POST
+def member_remove_view(request: HttpRequest, membership_id: str) -> HttpResponse:
+    tick = tick_of(request)
+    membership = access_membership(tenant=tick.tenant, membership_id=membership_id)
+    admin_only(request)
+
+    def act() -> str:
+        membership_remove(membership=membership, actor=actor_of(request))
+        return f"{membership.user.get_username()} was removed from {tick.tenant.name}."
+
+    return _refusal_or(request, act)
+
+
+ACTIVITY_PAGE = 50
+
+
+@tenant_page
+def activity(request: HttpRequest) -> HttpResponse:
+    """The tenant's account audit log, newest first; "older" pages by id (keyset)."""
+    tick = tick_of(request)
+    events = TenantEvent.objects.filter(tenant=tick.tenant).order_by("-at", "-id")
+    before = request.GET.get("before", "")
+    if before.isdigit():
+        events = events.filter(id__lt=int(before))
+    page = list(events[: ACTIVITY_PAGE + 1])
+    older = page[ACTIVITY_PAGE - 1].id if len(page) > ACTIVITY_PAGE else None
+    return render(
+        request,
+        "tick/activity.html",
+        {"events": page[:ACTIVITY_PAGE], "older": older, "nav": "activity"},
+    )
+
+
+# --- accepting an invitation (signed in or not) -------------------------------------------
+
+
+def invitation_accept_view(request: HttpRequest, token: str) -> HttpResponse:
+    check = invitation_by_token(token)
+    if check.invitation is None or check.refusal:
+        status = 404 if check.invitation is None else 410
+        return render(
+            request, "tick/invitation_accept.html", {"refusal": check.refusal}, status=status
+        )
+    invitation = check.invitation
+    user = request.user if request.user.is_authenticated else None
+    existing = users_with_address(invitation.email).exists()
+    form = NewAccountForm(email=invitation.email)
+    error: str | None = None
+    if request.method == "POST":
+        if user is None and not existing:
+            form = NewAccountForm(request.POST, email=invitation.email)
+        if user is not None or (not existing and form.is_valid()):
+            try:
+                membership, joined = invitation_accept(
+                    token=token, user=user,
+                    password=form.cleaned_data["password1"] if user is None else None,
+                )  # fmt: skip
+            except RefusedRequest as refused:
+                error = refused.message
+            else:
+                if user is None:
+                    login(
+                        request,
+                        joined,  # type: ignore[arg-type]
+                        backend="django.contrib.auth.backends.ModelBackend",
+                    )
+                request.session[SESSION_TENANT] = str(membership.tenant_id)
+                messages.success(
+                    request,
+                    f"Welcome to {membership.tenant.name}: you are "
+                    f"{membership.get_role_display().lower()}.",
+                )
+                return redirect("dashboard")
+    mismatch = (
+        user is not None and not users_with_address(invitation.email).filter(pk=user.pk).exists()
+    )
+    context = {
+        "invitation": invitation,
+        "form": form,
+        "error": error,
+        "existing": existing,
+        "mismatch": mismatch,
+        "login_url": f"{reverse('login')}?{urlencode({'next': request.path})}",
+    }
+    return render(request, "tick/invitation_accept.html", context)
+
+
+# --- the signed-in person's account: password, sessions -------------------------------------
+
+
+@login_required
+def account(request: HttpRequest) -> HttpResponse:
+    sessions = user_sessions(user=request.user, current_key=request.session.session_key)
+    return render(request, "tick/account.html", {"sessions": sessions, "nav": "account"})
+
+
+@login_required
+@require_POST
+def account_sessions_revoke(request: HttpRequest) -> HttpResponse:
+    ended = user_sessions_revoke_others(user=request.user, current_key=request.session.session_key)
+    messages.success(request, f"Signed out of {ended} other session(s); this one stays.")
+    return redirect("account")
+
+
+class PasswordChange(auth_views.PasswordChangeView):
+    template_name = "tick/password_change.html"
+    success_url = reverse_lazy("account")
+
+    def form_valid(self, form: Any) -> HttpResponse:
+        response = super().form_valid(form)
+        password_changed(user=form.user, via="change")
+        messages.success(self.request, "Password changed; your other sessions were signed out.")
+        return response
+
+
+class PasswordReset(auth_views.PasswordResetView):
+    template_name = "tick/password_reset.html"
+    email_template_name = "tick/email/password_reset.txt"
+    subject_template_name = "tick/email/password_reset_subject.txt"
+    success_url = reverse_lazy("password-reset-sent")
+
+
+class PasswordResetConfirm(auth_views.PasswordResetConfirmView):
+    template_name = "tick/password_reset_confirm.html"
+    success_url = reverse_lazy("password-reset-complete")
+
+    def form_valid(self, form: Any) -> HttpResponse:
+        response = super().form_valid(form)
+        password_changed(user=form.user, via="reset")
+        return response
