@@ -79,10 +79,7 @@ def _log_everywhere(user: Any, kind: TenantEvent.Kind, now: datetime, **detail: 
         )  # fmt: skip
 
 
-@transaction.atomic
-def user_sessions_revoke_others(*, user: Any, current_key: str | None) -> int:
-    """End every session of `user` but the current one; returns how many ended. Their next
-    request is anonymous (the session store no longer has them)."""
+def _end_other_sessions(user: Any, current_key: str | None) -> int:
     keys = list(
         UserSession.objects.filter(user=user)
         .exclude(session_key=current_key or "")
@@ -95,13 +92,24 @@ def user_sessions_revoke_others(*, user: Any, current_key: str | None) -> int:
             ended += 1
         store.delete(key)
     UserSession.objects.filter(session_key__in=keys).delete()
+    return ended
+
+
+@transaction.atomic
+def user_sessions_revoke_others(*, user: Any, current_key: str | None) -> int:
+    """End every session of `user` but the current one; returns how many ended. Their next
+    request is anonymous (the session store no longer has them)."""
+    ended = _end_other_sessions(user, current_key)
     _log_everywhere(user, TenantEvent.Kind.SESSIONS_REVOKED, timezone.now(), sessions=ended)
     return ended
 
 
-def password_changed(*, user: Any, via: str) -> None:
-    """Audit a password change (`via`: "change" signed in, "reset" by an e-mailed link).
-    Django already ends the user's other sessions: their stored auth hash no longer matches."""
+@transaction.atomic
+def password_changed(*, user: Any, via: str, current_key: str | None = None) -> None:
+    """Audit a password change (`via`: "change" signed in, "reset" by an e-mailed link) and
+    end the user's other sessions. Django already refuses them (their stored auth hash no
+    longer matches); deleting them keeps the session list true."""
+    _end_other_sessions(user, current_key)
     _log_everywhere(user, TenantEvent.Kind.PASSWORD_CHANGED, timezone.now(), via=via)
 
 

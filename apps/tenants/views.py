@@ -419,7 +419,7 @@ class PasswordChange(auth_views.PasswordChangeView):
 
     def form_valid(self, form: Any) -> HttpResponse:
         response = super().form_valid(form)
-        password_changed(user=form.user, via="change")
+        password_changed(user=form.user, via="change", current_key=self.request.session.session_key)
         messages.success(self.request, "Password changed; your other sessions were signed out.")
         return response
 

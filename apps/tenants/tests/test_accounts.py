@@ -1,0 +1,133 @@
+"""The signed-in person's account: the session list, "sign out everywhere", password change
+and reset (locmem outbox; the real-SMTP round trip is test_smtp.py) — all audited."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from django.core import mail
+from django.test import Client
+
+from apps.tenants.models import Membership, TenantEvent, UserSession
+from apps.tenants.services import membership_grant
+
+pytestmark = pytest.mark.django_db
+
+
+def _sign_in(username: str, password: str, agent: str) -> Client:
+    client = Client(HTTP_USER_AGENT=agent)
+    response = client.post("/login/", {"username": username, "password": password})
+    assert response.status_code == 302
+    return client
+
+
+def test_the_account_page_lists_each_signed_in_device(alice, tenant_a):
+    laptop = _sign_in("alice", "pw-alice-123", "Firefox on laptop")
+    _sign_in("alice", "pw-alice-123", "Safari on phone")
+
+    page = laptop.get("/account/")
+
+    assert page.status_code == 200
+    assert "Signed in on 2 devices" in page.content.decode()
+    rows = page.context["sessions"]
+    assert {r.user_agent for r in rows} == {"Firefox on laptop", "Safari on phone"}
+    assert [r.user_agent for r in rows if r.current] == ["Firefox on laptop"]
+
+
+def test_session_rows_are_not_rewritten_on_every_request(alice, tenant_a):
+    laptop = _sign_in("alice", "pw-alice-123", "Firefox")
+    row = UserSession.objects.get()
+    for _ in range(3):
+        laptop.get("/")
+
+    assert UserSession.objects.get().last_seen_at == row.last_seen_at
+
+
+def test_sign_out_everywhere_ends_the_other_sessions_only(alice, bob, tenant_a, tenant_b):
+    membership_grant(user=alice, tenant=tenant_b, role=Membership.Role.VIEWER)
+    here = _sign_in("alice", "pw-alice-123", "here")
+    phone = _sign_in("alice", "pw-alice-123", "phone")
+    tablet = _sign_in("alice", "pw-alice-123", "tablet")
+    someone_else = _sign_in("bob", "pw-bob-123", "bob's")
+
+    response = here.post("/account/sessions/revoke/", follow=True)
+
+    assert "Signed out of 2 other session(s)" in response.content.decode()
+    assert phone.get("/").status_code == 302  # back to the login page
+    assert tablet.get("/").status_code == 302
+    assert here.get("/").status_code == 200
+    assert someone_else.get("/").status_code == 200
+    assert "Signed in on 1 device" in here.get("/account/").content.decode()
+    # audited in both tenants alice belongs to
+    for tenant in (tenant_a, tenant_b):
+        event = TenantEvent.objects.get(tenant=tenant, kind=TenantEvent.Kind.SESSIONS_REVOKED)
+        assert (event.actor, event.detail) == ("user:alice", {"sessions": 2})
+
+
+def test_password_change_keeps_this_session_ends_the_others_and_is_audited(alice, tenant_a):
+    here = _sign_in("alice", "pw-alice-123", "here")
+    other = _sign_in("alice", "pw-alice-123", "other")
+
+    response = here.post(
+        "/account/password/",
+        {
+            "old_password": "pw-alice-123",
+            "new_password1": "N3w-secret-pw",
+            "new_password2": "N3w-secret-pw",
+        },
+    )
+
+    assert response.status_code == 302 and response["Location"] == "/account/"
+    assert here.get("/").status_code == 200
+    assert other.get("/").status_code == 302
+    assert "Signed in on 1 device" in here.get("/account/").content.decode()
+    assert Client().login(username="alice", password="N3w-secret-pw")
+    event = TenantEvent.objects.get(tenant=tenant_a)
+    assert (event.kind, event.detail) == (TenantEvent.Kind.PASSWORD_CHANGED, {"via": "change"})
+
+
+def test_wrong_current_password_changes_nothing(alice, tenant_a):
+    here = _sign_in("alice", "pw-alice-123", "here")
+
+    response = here.post(
+        "/account/password/",
+        {
+            "old_password": "wrong",
+            "new_password1": "N3w-secret-pw",
+            "new_password2": "N3w-secret-pw",
+        },
+    )
+
+    assert response.status_code == 200
+    assert Client().login(username="alice", password="pw-alice-123")
+    assert not TenantEvent.objects.exists()
+
+
+def test_password_reset_by_mail_sets_a_new_password_once(client, alice, tenant_a):
+    alice.email = "alice@example.com"
+    alice.save(update_fields=["email"])
+    elsewhere = _sign_in("alice", "pw-alice-123", "a forgotten laptop")
+
+    client.post("/password-reset/", {"email": "ALICE@example.com"})
+    link = re.search(r"http://testserver(/password-reset/\S+/)", mail.outbox[0].body).group(1)
+    form = client.get(link, follow=True)
+    target = form.redirect_chain[-1][0]
+    done = client.post(target, {"new_password1": "Reset-pw-4410", "new_password2": "Reset-pw-4410"})
+
+    assert done.status_code == 302 and done["Location"] == "/password-reset/done/"
+    assert Client().login(username="alice", password="Reset-pw-4410")
+    assert elsewhere.get("/").status_code == 302
+    assert not UserSession.objects.filter(user=alice).exists()
+    assert b"already used or has expired" in Client().get(link, follow=True).content
+    event = TenantEvent.objects.get(tenant=tenant_a)
+    assert (event.kind, event.actor, event.detail) == (
+        TenantEvent.Kind.PASSWORD_CHANGED, "user:alice", {"via": "reset"},
+    )  # fmt: skip
+
+
+def test_password_reset_for_an_unknown_address_sends_nothing_and_says_the_same(client, alice):
+    response = client.post("/password-reset/", {"email": "nobody@example.com"})
+
+    assert response.status_code == 302 and response["Location"] == "/password-reset/sent/"
+    assert mail.outbox == []
