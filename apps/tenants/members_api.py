@@ -1,0 +1,246 @@
+"""Account endpoints under /api/v1/: members and invitations of the key's tenant.
+
+Doors, in order: the tenant door (`access_membership` / `access_invitation`: another tenant's
+id is a 404, for every method), then the key's role (a viewer key changes nothing: 403),
+then the service, which enforces the rest (last admin, open invitations) under its lock.
+POSTs take an `Idempotency-Key` like schedule creation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from django.utils import timezone
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework import serializers, status
+from rest_framework.exceptions import PermissionDenied
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from apps.schedules.api import IDEMPOTENCY_KEY
+from apps.schedules.serializers import ErrorSerializer
+from apps.tenants.authentication import TenantPrincipal, principal_of
+from apps.tenants.members import (
+    access_invitation,
+    access_membership,
+    invitation_create,
+    invitation_resend,
+    invitation_revoke,
+    invitations_for,
+    members_for,
+    membership_change_role,
+    membership_remove,
+)
+from apps.tenants.models import Membership
+from apps.tenants.pagination import unknown_query_params
+from apps.tenants.serializers import (
+    InvitationCreateSerializer,
+    InvitationSerializer,
+    MemberSerializer,
+    MemberUpdateSerializer,
+)
+from apps.tenants.services import idempotency_lookup, idempotency_request_hash, idempotent_call
+
+# Team-sized lists are answered whole, up to this many rows (newest first for invitations).
+LIST_LIMIT = 1000
+
+
+def _errors(*codes: int) -> dict[int, OpenApiResponse]:
+    described = {
+        400: "Invalid input (field errors in `error.fields`).",
+        401: "Missing, unknown, revoked or expired API key.",
+        403: "A viewer API key reads members and invitations and changes nothing.",
+        404: "No such member or invitation in this tenant.",
+        409: "The last admin, an existing member or open invitation, a closed invitation, "
+        "or an Idempotency-Key used with another body.",
+        413: "Request body over the size cap.",
+        415: "Only application/json bodies are accepted.",
+        429: "Per-key rate limit; retry after `Retry-After` seconds.",
+    }
+    return {c: OpenApiResponse(ErrorSerializer, description=described[c]) for c in codes}
+
+
+_COMMON = (401, 429)
+_BODY = (400, 413, 415)
+
+
+def _admin(request: Request) -> TenantPrincipal:
+    principal = principal_of(request)
+    if principal.api_key.role != Membership.Role.ADMIN:
+        raise PermissionDenied(
+            "This API key has the viewer role: it reads members and invitations and changes "
+            "nothing. Use an admin key."
+        )
+    return principal
+
+
+def _no_query(request: Request) -> None:
+    unknown = unknown_query_params(request, ())
+    if unknown:
+        raise serializers.ValidationError(unknown)
+
+
+def _site_url(request: Request) -> str:
+    return request.build_absolute_uri("/")
+
+
+def _maybe_idempotent(request: Request, call: Callable[[], tuple[int, Any]]) -> Response:
+    """Run `call` once per Idempotency-Key (when given) and answer its response; a retry
+    with the same key and body replays it (`Idempotent-Replayed: true`)."""
+    principal = principal_of(request)
+    key = request.headers.get("Idempotency-Key")
+    if key is None:
+        code, body = call()
+        return Response(body, status=code)
+    if not (1 <= len(key) <= 255 and key.isascii() and key.isprintable()):
+        raise serializers.ValidationError(
+            {"Idempotency-Key": ["Use 1 to 255 printable ASCII characters."]}
+        )
+    request_hash = idempotency_request_hash(
+        method=request.method or "POST", path=request.path, data=request.data
+    )
+    result = idempotency_lookup(
+        tenant=principal.tenant, key=key, request_hash=request_hash, now=timezone.now()
+    )
+    if result is None:
+        result = idempotent_call(
+            tenant=principal.tenant, key=key, request_hash=request_hash, call=call
+        )
+    headers = {"Idempotent-Replayed": "true"} if result.replayed else None
+    return Response(result.body, status=result.status, headers=headers)
+
+
+class MemberList(APIView):
+    @extend_schema(responses={200: MemberSerializer(many=True), **_errors(400, *_COMMON)})
+    def get(self, request: Request) -> Response:
+        """The tenant's members (people with a web login), by username."""
+        _no_query(request)
+        rows = members_for(tenant=principal_of(request).tenant)[:LIST_LIMIT]
+        return Response(MemberSerializer(rows, many=True).data)
+
+
+class MemberDetail(APIView):
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        super().initial(request, *args, **kwargs)
+        # The tenant door before anything else, for every method (404 over 405/403).
+        access_membership(tenant=principal_of(request).tenant, membership_id=kwargs["member_id"])
+
+    @extend_schema(responses={200: MemberSerializer, **_errors(404, *_COMMON)})
+    def get(self, request: Request, member_id: int) -> Response:
+        member = access_membership(tenant=principal_of(request).tenant, membership_id=member_id)
+        return Response(MemberSerializer(member).data)
+
+    @extend_schema(
+        request=MemberUpdateSerializer,
+        responses={200: MemberSerializer, **_errors(*_BODY, 403, 404, 409, *_COMMON)},
+    )
+    def patch(self, request: Request, member_id: int) -> Response:
+        """Change a member's role. Demoting the last admin is a 409 `last_admin`."""
+        principal = _admin(request)
+        member = access_membership(tenant=principal.tenant, membership_id=member_id)
+        body = MemberUpdateSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        changed = membership_change_role(
+            membership=member, role=Membership.Role(body.validated_data["role"]),
+            actor=principal.actor,
+        )  # fmt: skip
+        return Response(MemberSerializer(changed).data)
+
+    @extend_schema(responses={204: None, **_errors(403, 404, 409, *_COMMON)})
+    def delete(self, request: Request, member_id: int) -> Response:
+        """Remove a member from the tenant (their account stays). The last admin: 409."""
+        principal = _admin(request)
+        member = access_membership(tenant=principal.tenant, membership_id=member_id)
+        membership_remove(membership=member, actor=principal.actor)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class InvitationListCreate(APIView):
+    @extend_schema(responses={200: InvitationSerializer(many=True), **_errors(400, *_COMMON)})
+    def get(self, request: Request) -> Response:
+        """The tenant's invitations, newest first, in every state (pending, expired,
+        accepted, revoked)."""
+        _no_query(request)
+        rows = invitations_for(tenant=principal_of(request).tenant)[:LIST_LIMIT]
+        return Response(InvitationSerializer(rows, many=True).data)
+
+    @extend_schema(
+        request=InvitationCreateSerializer,
+        parameters=[IDEMPOTENCY_KEY],
+        responses={201: InvitationSerializer, **_errors(*_BODY, 403, 409, *_COMMON)},
+    )
+    def post(self, request: Request) -> Response:
+        """Invite an e-mail address with a role (default `viewer`); the link is mailed,
+        never returned. An existing member or an open invitation for the address is a 409
+        `membership_conflict` (re-send the open one instead)."""
+        principal = _admin(request)
+        body = InvitationCreateSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+
+        def create() -> tuple[int, Any]:
+            invitation = invitation_create(
+                tenant=principal.tenant, email=body.validated_data["email"],
+                role=Membership.Role(body.validated_data["role"]), actor=principal.actor,
+                site_url=_site_url(request),
+            )  # fmt: skip
+            return status.HTTP_201_CREATED, dict(InvitationSerializer(invitation).data)
+
+        return _maybe_idempotent(request, create)
+
+
+class InvitationDetail(APIView):
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        super().initial(request, *args, **kwargs)
+        access_invitation(
+            tenant=principal_of(request).tenant, invitation_id=kwargs["invitation_id"]
+        )
+
+    @extend_schema(responses={200: InvitationSerializer, **_errors(404, *_COMMON)})
+    def get(self, request: Request, invitation_id: Any) -> Response:
+        invitation = access_invitation(
+            tenant=principal_of(request).tenant, invitation_id=invitation_id
+        )
+        return Response(InvitationSerializer(invitation).data)
+
+
+def _invitation_action(request: Request, invitation_id: Any, act: Callable[..., Any]) -> Response:
+    principal = _admin(request)
+    invitation = access_invitation(tenant=principal.tenant, invitation_id=invitation_id)
+
+    def call() -> tuple[int, Any]:
+        return status.HTTP_200_OK, dict(InvitationSerializer(act(invitation, principal)).data)
+
+    return _maybe_idempotent(request, call)
+
+
+class InvitationResend(InvitationDetail):
+    @extend_schema(
+        request=None,
+        parameters=[IDEMPOTENCY_KEY],
+        responses={200: InvitationSerializer, **_errors(403, 404, 409, *_COMMON)},
+    )
+    def post(self, request: Request, invitation_id: Any) -> Response:
+        """Mail a new link and restart the expiry; the earlier link stops working. An
+        accepted or revoked invitation: 409 `invitation_closed`."""
+        return _invitation_action(
+            request, invitation_id,
+            lambda inv, who: invitation_resend(
+                invitation=inv, actor=who.actor, site_url=_site_url(request)
+            ),
+        )  # fmt: skip
+
+
+class InvitationRevoke(InvitationDetail):
+    @extend_schema(
+        request=None,
+        parameters=[IDEMPOTENCY_KEY],
+        responses={200: InvitationSerializer, **_errors(403, 404, 409, *_COMMON)},
+    )
+    def post(self, request: Request, invitation_id: Any) -> Response:
+        """Revoke an open invitation: its link is refused from now on."""
+        return _invitation_action(
+            request, invitation_id,
+            lambda inv, who: invitation_revoke(invitation=inv, actor=who.actor),
+        )  # fmt: skip
