@@ -1,0 +1,135 @@
+"""Invite → accept → sign in, in real headless Chromium (Debian's `chromium` +
+`chromium-driver`, Selenium) against the live server. With TICK_SCREENSHOTS=1 the members
+page and the invitation accept page are saved under docs/screenshots/."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Iterator
+
+import pytest
+from django.conf import settings
+from django.core import mail
+
+from apps.tenants.members import invitation_create
+from apps.tenants.models import Membership
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+SHOTS = settings.BASE_DIR / "docs" / "screenshots"
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(
+        not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)),
+        reason="needs Debian's chromium and chromium-driver (make browsers)",
+    ),
+]
+
+
+@pytest.fixture
+def browser() -> Iterator[object]:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    profile = tempfile.mkdtemp(prefix="tick-chromium-")
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in (
+        "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync",
+        "--disable-dev-shm-usage", f"--user-data-dir={profile}", "--window-size=1280,1000",
+    ):  # fmt: skip
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver.implicitly_wait(0)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+def _wait(driver, condition, timeout=10):
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(driver, timeout).until(condition)
+
+
+def _shot(driver, name: str, *, width: int = 1280) -> None:
+    if os.environ.get("TICK_SCREENSHOTS") != "1":
+        return
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    driver.set_window_size(width, 1000)
+    height = driver.execute_script("return document.documentElement.scrollHeight")
+    # The window's height includes the (headless) browser frame: leave room for it.
+    driver.set_window_size(width, min(max(int(height) + 160, 500), 2000))
+    driver.save_screenshot(str(SHOTS / f"{name}.png"))
+    driver.set_window_size(1280, 1000)
+
+
+def _login(driver, base: str, username: str, password: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    driver.get(f"{base}/login/")
+    driver.find_element(By.NAME, "username").send_keys(username)
+    driver.find_element(By.NAME, "password").send_keys(password)
+    driver.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+    _wait(driver, lambda d: d.current_url.rstrip("/") == base)
+
+
+def _log_out(driver) -> None:
+    from selenium.webdriver.common.by import By
+
+    driver.find_element(By.CSS_SELECTOR, ".who button.link").click()
+    _wait(driver, lambda d: "/login/" in d.current_url)
+
+
+def test_invite_accept_and_sign_in_in_a_real_browser(live_server, browser, alice, bob, tenant_a):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    driver = browser
+    base = live_server.url
+    invitation_create(
+        tenant=tenant_a, email="ops-oncall@example.com", role=Membership.Role.ADMIN,
+        actor="user:alice", site_url=base,
+    )  # fmt: skip
+    _login(driver, base, "alice", "pw-alice-123")
+
+    # the admin invites a viewer from the members page
+    driver.get(f"{base}/members/")
+    driver.find_element(By.ID, "invite-email").send_keys("carol@example.com")
+    Select(driver.find_element(By.ID, "invite-role")).select_by_value("viewer")
+    driver.find_element(By.ID, "invite-send").click()
+    _wait(driver, lambda d: "Invitation sent to carol@example.com" in d.page_source)
+    assert "carol@example.com" in driver.find_element(By.ID, "invitations").text
+    _shot(driver, "members")
+
+    # the invited person opens the mailed link, signed out, and chooses a password
+    link = re.search(r"http://\S+/invite/\S+/", mail.outbox[-1].body).group(0)
+    assert mail.outbox[-1].to == ["carol@example.com"]
+    _log_out(driver)
+    driver.get(link)
+    assert "Join Alpha" in driver.find_element(By.TAG_NAME, "h1").text
+    _shot(driver, "invitation-accept", width=480)
+    driver.find_element(By.NAME, "password1").send_keys("Carol-pw-9931")
+    driver.find_element(By.NAME, "password2").send_keys("Carol-pw-9931")
+    driver.find_element(By.ID, "accept-create").click()
+    _wait(driver, lambda d: d.current_url.rstrip("/") == base)
+    assert "Welcome to Alpha" in driver.page_source
+    assert driver.find_element(By.CSS_SELECTOR, ".who .role").text == "viewer"
+
+    # and signs in again later with the e-mail as username: a viewer sees no invite form
+    _log_out(driver)
+    _login(driver, base, "carol@example.com", "Carol-pw-9931")
+    driver.get(f"{base}/members/")
+    assert not driver.find_elements(By.ID, "invite-email")
+    members = driver.find_element(By.ID, "members").text
+    assert "carol@example.com" in members and "alice" in members
+    # the used link is refused now
+    driver.get(link)
+    assert "already used" in driver.page_source
