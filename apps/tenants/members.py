@@ -263,12 +263,20 @@ def _refuse_last_admin(membership: Membership, doing: str) -> None:
         )
 
 
+def _locked_member(membership: Membership) -> Membership:
+    """The membership as it is now, under the tenant lock; removed meanwhile → 404."""
+    try:
+        return Membership.objects.select_related("user", "tenant").get(pk=membership.pk)
+    except Membership.DoesNotExist:
+        raise Http404("No such member.") from None
+
+
 @transaction.atomic
 def membership_change_role(
     *, membership: Membership, role: Membership.Role, actor: str
 ) -> Membership:
     _lock_tenant(membership.tenant)
-    locked = Membership.objects.select_related("user").get(pk=membership.pk)
+    locked = _locked_member(membership)
     if locked.role == role:
         return locked
     if role != Membership.Role.ADMIN:
@@ -286,10 +294,7 @@ def membership_change_role(
 @transaction.atomic
 def membership_remove(*, membership: Membership, actor: str) -> None:
     _lock_tenant(membership.tenant)
-    try:
-        locked = Membership.objects.select_related("user").get(pk=membership.pk)
-    except Membership.DoesNotExist:
-        raise Http404("No such member.") from None
+    locked = _locked_member(membership)
     _refuse_last_admin(locked, "removed")
     locked.delete()
     log_tenant_event(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.utils import timezone
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from apps.tenants.models import Invitation, Membership
@@ -24,12 +25,17 @@ class RoleField(serializers.ChoiceField):
 
 class MemberSerializer(serializers.ModelSerializer[Membership]):
     username = serializers.CharField(source="user.get_username", read_only=True)
-    email = serializers.EmailField(source="user.email", read_only=True)
+    email = serializers.SerializerMethodField()
 
     class Meta:
         model = Membership
         fields = ["id", "username", "email", "role", "created_at"]
         read_only_fields = fields
+
+    @extend_schema_field(serializers.EmailField(allow_null=True))
+    def get_email(self, membership: Membership) -> str | None:
+        """The account's address; null for an account without one (e.g. the demo login)."""
+        return membership.user.email or None
 
 
 class MemberUpdateSerializer(serializers.Serializer[Any]):

@@ -3,14 +3,13 @@ and reset (locmem outbox; the real-SMTP round trip is test_smtp.py) — all audi
 
 from __future__ import annotations
 
-import re
-
 import pytest
 from django.core import mail
 from django.test import Client
 
 from apps.tenants.models import Membership, TenantEvent, UserSession
 from apps.tenants.services import membership_grant
+from apps.tenants.tests.mails import link_in
 
 pytestmark = pytest.mark.django_db
 
@@ -110,7 +109,7 @@ def test_password_reset_by_mail_sets_a_new_password_once(client, alice, tenant_a
     elsewhere = _sign_in("alice", "pw-alice-123", "a forgotten laptop")
 
     client.post("/password-reset/", {"email": "ALICE@example.com"})
-    link = re.search(r"http://testserver(/password-reset/\S+/)", mail.outbox[0].body).group(1)
+    link = link_in(mail.outbox[0].body, r"http://testserver(/password-reset/\S+/)")
     form = client.get(link, follow=True)
     target = form.redirect_chain[-1][0]
     done = client.post(target, {"new_password1": "Reset-pw-4410", "new_password2": "Reset-pw-4410"})

@@ -3,7 +3,6 @@ removal, the last-admin rule, refused links, the activity log — with the tenan
 
 from __future__ import annotations
 
-import re
 import threading
 from datetime import timedelta
 
@@ -18,17 +17,18 @@ from apps.tenants.errors import LastAdminRefused
 from apps.tenants.members import invitation_create, membership_change_role, membership_remove
 from apps.tenants.models import Invitation, Membership, TenantEvent
 from apps.tenants.services import membership_grant
+from apps.tenants.tests.mails import link_in
 
 pytestmark = pytest.mark.django_db
 
-LINK = re.compile(r"http://testserver(/invite/[^/\s]+/)")
+LINK = r"http://testserver(/invite/[^/\s]+/)"
 
 
 def _invite(client, capture, email="carol@example.com", role="viewer"):
     with capture(execute=True):
         response = client.post("/members/", {"email": email, "role": role})
     assert response.status_code == 302, response.content
-    return LINK.search(mail.outbox[-1].body).group(1)
+    return link_in(mail.outbox[-1].body, LINK)
 
 
 def _kinds(tenant):
@@ -237,7 +237,7 @@ def test_expired_used_revoked_replaced_and_forged_links_are_refused(
     first = _invite(client, django_capture_on_commit_callbacks, email="s@example.com")
     with django_capture_on_commit_callbacks(execute=True):
         client.post(f"/invitations/{Invitation.objects.get(email='s@example.com').id}/resend/")
-    second = LINK.search(mail.outbox[-1].body).group(1)
+    second = link_in(mail.outbox[-1].body, LINK)
     assert first != second
     assert Client().get(first).status_code == 404
     assert Client().get(second).status_code == 200

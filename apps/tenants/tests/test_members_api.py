@@ -3,8 +3,6 @@ method), the key's role (viewer → 403), idempotency, the last admin, the one e
 
 from __future__ import annotations
 
-import re
-
 import pytest
 from django.core import mail
 from django.test import Client
@@ -13,6 +11,7 @@ from rest_framework.test import APIClient
 from apps.tenants.members import invitation_create
 from apps.tenants.models import Invitation, Membership, TenantEvent
 from apps.tenants.services import api_key_create
+from apps.tenants.tests.mails import link_in
 
 pytestmark = pytest.mark.django_db
 
@@ -53,7 +52,7 @@ def test_create_invitation_mails_a_link_that_creates_the_member(
     body = response.json()
     assert (body["email"], body["role"], body["state"]) == ("new@example.com", "admin", "pending")
     assert "token" not in str(body) and "token_hash" not in body
-    link = re.search(r"http://testserver(/invite/\S+/)", mail.outbox[0].body).group(1)
+    link = link_in(mail.outbox[0].body, r"http://testserver(/invite/\S+/)")
     Client().post(link, {"password1": "Api-new-pw-31", "password2": "Api-new-pw-31"})
     assert Membership.objects.get(user__username="new@example.com").role == Membership.Role.ADMIN
     event = TenantEvent.objects.filter(kind=TenantEvent.Kind.MEMBER_INVITED).get()

@@ -5,7 +5,6 @@ the mail read from the server, its link followed, a new password set, and a sign
 from __future__ import annotations
 
 import email
-import re
 import socket
 from collections.abc import Iterator
 from email.message import Message
@@ -15,6 +14,8 @@ import dj_email_url
 import pytest
 from aiosmtpd.controller import Controller
 from django.test import Client
+
+from apps.tenants.tests.mails import link_in
 
 pytestmark = pytest.mark.django_db
 
@@ -64,7 +65,7 @@ def test_password_reset_round_trip_through_a_real_smtp_server(smtp_server, alice
     assert received["From"] == "Tick <tick@example.com>"
     assert received["Subject"] == "Reset your Tick password"
     body = received.get_payload(decode=True).decode()
-    link = re.search(r"http://testserver(/password-reset/\S+/)", body).group(1)
+    link = link_in(body, r"http://testserver(/password-reset/\S+/)")
     # following it, setting a new password, signing in with it
     form = browser.get(link, follow=True)
     assert b"Set a new password" in form.content

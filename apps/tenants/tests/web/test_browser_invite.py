@@ -5,7 +5,6 @@ page and the invitation accept page are saved under docs/screenshots/."""
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -16,6 +15,7 @@ from django.core import mail
 
 from apps.tenants.members import invitation_create
 from apps.tenants.models import Membership
+from apps.tenants.tests.mails import link_in
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -110,7 +110,7 @@ def test_invite_accept_and_sign_in_in_a_real_browser(live_server, browser, alice
     _shot(driver, "members")
 
     # the invited person opens the mailed link, signed out, and chooses a password
-    link = re.search(r"http://\S+/invite/\S+/", mail.outbox[-1].body).group(0)
+    link = link_in(mail.outbox[-1].body, r"http://\S+/invite/\S+/", group=0)
     assert mail.outbox[-1].to == ["carol@example.com"]
     _log_out(driver)
     driver.get(link)
