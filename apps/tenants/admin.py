@@ -16,7 +16,14 @@ from django.utils.safestring import SafeString, mark_safe
 from apps.occurrences.models import Occurrence
 from apps.schedules.services import QUOTA_STATES
 from apps.tenants.admin_base import TickModelAdmin, staff_actor
-from apps.tenants.models import ApiKey, Membership, SigningSecret, Tenant, TenantEvent
+from apps.tenants.models import (
+    ApiKey,
+    Invitation,
+    Membership,
+    SigningSecret,
+    Tenant,
+    TenantEvent,
+)
 from apps.tenants.services import (
     api_key_expiry_check,
     api_key_expiry_shorten,
@@ -209,6 +216,30 @@ class SigningSecretAdmin(TickModelAdmin[SigningSecret]):
     search_fields = ["prefix", "tenant__slug"]
     fields = ["tenant", "prefix", "created_at", "expires_at", "revoked_at"]
     readonly_fields = ["tenant", "prefix", "created_at", "expires_at", "revoked_at"]
+
+    def has_add_permission(self, request: object) -> bool:
+        return False
+
+    def has_change_permission(self, request: object, obj: object = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: object, obj: object = None) -> bool:
+        return False
+
+
+@admin.register(Invitation)
+class InvitationAdmin(TickModelAdmin[Invitation]):
+    """Read-only for support: tenants' admins invite, re-send and revoke in their own UI
+    (apps/tenants/members.py, audited there). The token hash is never shown."""
+
+    list_display = ["email", "tenant", "role", "invited_by", "sent_at", "expires_at",
+                    "accepted_at", "revoked_at"]  # fmt: skip
+    list_filter = ["role"]
+    list_select_related = ["tenant"]
+    search_fields = ["email", "tenant__slug"]
+    fields = ("tenant", "email", "role", "invited_by", "created_at", "sent_at", "expires_at",
+              "accepted_at", "accepted_by", "revoked_at")  # fmt: skip
+    readonly_fields = fields
 
     def has_add_permission(self, request: object) -> bool:
         return False

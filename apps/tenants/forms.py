@@ -12,7 +12,7 @@ from apps.tenants.models import Membership
 
 
 class InviteForm(forms.Form):
-    email = forms.EmailField(max_length=254)
+    email = forms.EmailField(max_length=150)
     role = forms.ChoiceField(choices=Membership.Role.choices, initial=Membership.Role.VIEWER)
 
 

@@ -21,14 +21,19 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import ValidationError
 from django.core.mail import send_mail
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import Q, QuerySet
 from django.http import Http404
 from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
 
-from apps.tenants.errors import InvitationStateConflict, LastAdminRefused, MembershipConflict
+from apps.tenants.errors import (
+    InvitationStateConflict,
+    LastAdminRefused,
+    MembershipConflict,
+    RefusedRequest,
+)
 from apps.tenants.models import Invitation, Membership, Tenant, TenantEvent
 from apps.tenants.services import log_tenant_event
 
@@ -40,6 +45,10 @@ def _token_hash(token: str) -> str:
 
 def _lock_tenant(tenant: Tenant) -> None:
     Tenant.objects.select_for_update(no_key=True).filter(pk=tenant.pk).values_list("pk").get()
+
+
+# The invited address becomes the username of a new account (Django's username column).
+USERNAME_MAX = 150
 
 
 def _ttl() -> timedelta:
@@ -103,6 +112,11 @@ def invitation_create(
     Refused (409) when the address is already a member or already has an open invitation,
     expired ones included: re-sending renews that one."""
     email = email.strip()
+    if len(email) > USERNAME_MAX:
+        raise RefusedRequest(
+            f"Use an address of at most {USERNAME_MAX} characters: it becomes the username.",
+            field="email",
+        )
     _lock_tenant(tenant)
     if Membership.objects.filter(
         tenant=tenant, user__in=users_with_address(email).values("pk")
@@ -224,9 +238,16 @@ def invitation_accept(
                 )
             if not password:
                 raise MembershipConflict("Choose a password.", field="password")
-            user = get_user_model().objects.create_user(
-                username=email, email=email, password=password
-            )
+            try:
+                with transaction.atomic():
+                    user = get_user_model().objects.create_user(
+                        username=email, email=email, password=password
+                    )
+            except IntegrityError:
+                # The same address signed up through another tenant's invitation meanwhile.
+                raise MembershipConflict(
+                    f"An account for {email} exists already: log in to accept.", field="email"
+                ) from None
         elif not users_with_address(email).filter(pk=user.pk).exists():
             raise MembershipConflict(
                 f"This invitation is for {email}; you are signed in as "

@@ -67,5 +67,6 @@ class StrictEmailField(serializers.EmailField):
 
 
 class InvitationCreateSerializer(serializers.Serializer[Any]):
-    email = StrictEmailField(max_length=254)
+    # It becomes the username of a new account (at most 150 characters).
+    email = StrictEmailField(max_length=150)
     role = RoleField(default=Membership.Role.VIEWER)

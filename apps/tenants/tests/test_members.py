@@ -304,3 +304,21 @@ def test_activity_page_shows_who_did_what_when(
     viewer = Client()
     viewer.force_login(bob)
     assert viewer.get("/activity/").status_code == 200  # every member may read it
+
+
+def test_support_sees_invitations_read_only_without_the_token_hash(admin_client, tenant_a):
+    invitation = invitation_create(
+        tenant=tenant_a, email="support-view@example.com", role=Membership.Role.VIEWER,
+        actor="t", site_url="http://testserver/",
+    )  # fmt: skip
+
+    listing = admin_client.get("/admin/tenants/invitation/")
+    detail = admin_client.get(f"/admin/tenants/invitation/{invitation.id}/change/")
+
+    assert listing.status_code == 200 and "support-view@example.com" in listing.content.decode()
+    assert detail.status_code == 200
+    assert invitation.token_hash not in detail.content.decode()
+    assert (
+        admin_client.post(f"/admin/tenants/invitation/{invitation.id}/change/", {}).status_code
+        == 403
+    )

@@ -187,3 +187,11 @@ def test_the_tenant_door_comes_before_the_role(viewer_api_a, tenant_b):
 
     assert response.status_code == 404  # never 403: B's ids do not exist for A's keys
     assert Invitation.objects.get().revoked_at is None
+
+
+def test_an_address_too_long_for_a_username_is_refused(api_a):
+    local = "a" * 140
+    response = api_a.post("/api/v1/invitations", {"email": f"{local}@example.com"}, format="json")
+
+    assert response.status_code == 400 and set(response.json()["error"]["fields"]) == {"email"}
+    assert Invitation.objects.count() == 0
