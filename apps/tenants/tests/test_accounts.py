@@ -115,9 +115,9 @@ def test_password_reset_by_mail_sets_a_new_password_once(client, alice, tenant_a
     done = client.post(target, {"new_password1": "Reset-pw-4410", "new_password2": "Reset-pw-4410"})
 
     assert done.status_code == 302 and done["Location"] == "/password-reset/done/"
-    assert Client().login(username="alice", password="Reset-pw-4410")
+    assert not UserSession.objects.filter(user=alice).exists()  # every session ended
     assert elsewhere.get("/").status_code == 302
-    assert not UserSession.objects.filter(user=alice).exists()
+    assert Client().login(username="alice", password="Reset-pw-4410")
     assert b"already used or has expired" in Client().get(link, follow=True).content
     event = TenantEvent.objects.get(tenant=tenant_a)
     assert (event.kind, event.actor, event.detail) == (
@@ -130,3 +130,16 @@ def test_password_reset_for_an_unknown_address_sends_nothing_and_says_the_same(c
 
     assert response.status_code == 302 and response["Location"] == "/password-reset/sent/"
     assert mail.outbox == []
+
+
+def test_a_login_is_recorded_at_once_and_later_requests_cost_no_query(alice, tenant_a):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    laptop = _sign_in("alice", "pw-alice-123", "Firefox")
+    assert UserSession.objects.filter(user=alice).count() == 1
+
+    with CaptureQueriesContext(connection) as queries:
+        laptop.get("/account/sessions/revoke/")  # a GET: 405, after auth and session load
+
+    assert not [q for q in queries.captured_queries if "tenants_usersession" in q["sql"]]
