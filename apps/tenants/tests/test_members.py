@@ -45,6 +45,9 @@ def test_invite_accept_and_sign_in_as_the_new_member_with_its_role(
 
     # the mail went to the invited address; the link is stored only as a hash
     assert mail.outbox[-1].to == ["carol@example.com"]
+    assert mail.outbox[-1].body.startswith(
+        'alice invites you to the tenant "Alpha" on Tick as viewer'
+    )
     invitation = Invitation.objects.get(tenant=tenant_a)
     assert link.split("/")[2] not in invitation.token_hash
 

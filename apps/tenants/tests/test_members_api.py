@@ -52,6 +52,7 @@ def test_create_invitation_mails_a_link_that_creates_the_member(
     body = response.json()
     assert (body["email"], body["role"], body["state"]) == ("new@example.com", "admin", "pending")
     assert "token" not in str(body) and "token_hash" not in body
+    assert mail.outbox[0].body.startswith('An admin of Alpha invites you to the tenant "Alpha"')
     link = link_in(mail.outbox[0].body, r"http://testserver(/invite/\S+/)")
     Client().post(link, {"password1": "Api-new-pw-31", "password2": "Api-new-pw-31"})
     assert Membership.objects.get(user__username="new@example.com").role == Membership.Role.ADMIN
