@@ -94,12 +94,7 @@ def access_membership(*, tenant: Tenant, membership_id: int | str) -> Membership
 
 def _send_invitation(invitation: Invitation, token: str, site_url: str) -> None:
     link = site_url.rstrip("/") + reverse("invitation-accept", args=[token])
-    # "user:ana" → "ana"; an API key is no person to name.
-    who, _, name = invitation.invited_by.partition(":")
-    inviter = name if who == "user" and name else f"An admin of {invitation.tenant.name}"
-    context = {
-        "invitation": invitation, "link": link, "tenant": invitation.tenant, "inviter": inviter,
-    }  # fmt: skip
+    context = {"invitation": invitation, "link": link, "tenant": invitation.tenant}
     send_mail(
         subject=f"You are invited to {invitation.tenant.name} on Tick",
         message=render_to_string("tick/email/invitation.txt", context),

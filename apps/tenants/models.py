@@ -270,6 +270,13 @@ class Invitation(models.Model):
     def __str__(self) -> str:
         return f"{self.email} → {self.tenant_id} ({self.role})"
 
+    @property
+    def inviter(self) -> str:
+        """Who to name in the mail and on the accept page: "user:ana" → "ana"; an API key
+        is no person to name."""
+        who, _, name = self.invited_by.partition(":")
+        return name if who == "user" and name else f"An admin of {self.tenant.name}"
+
     def state_at(self, now: datetime) -> Invitation.State:
         if self.accepted_at is not None:
             return Invitation.State.ACCEPTED
