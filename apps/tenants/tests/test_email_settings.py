@@ -1,5 +1,5 @@
 """E-mail settings: one EMAIL_URL read by tickweb/settings.py, the console backend when it
-is unset, and tick.W020 under `check --deploy` for a deployment that would lose its mail."""
+is unset, and tick.W021 under `check --deploy` for a deployment that would lose its mail."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def test_unset_prints_mail_to_the_console():
 
 @override_settings(EMAIL_URL="")
 def test_no_email_url_is_a_deploy_warning():
-    assert [m.id for m in check_email_configured()] == ["tick.W020"]
+    assert [m.id for m in check_email_configured()] == ["tick.W021"]
 
 
 @override_settings(EMAIL_URL="smtp://smtp.example.com:587/?tls=1")
