@@ -8,6 +8,7 @@ Each refusal names the setting, what breaks, and the fix. Registered by
 from __future__ import annotations
 
 import ipaddress
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -347,5 +348,23 @@ def check_email_configured(app_configs: Apps = None, **kwargs: Any) -> list[Chec
             hint="Set EMAIL_URL, e.g. smtp://user:pass@smtp.example.com:587/?tls=1, and "
             "DEFAULT_FROM_EMAIL.",
             id="tick.W021",
+# A PostgreSQL role name as the migrations and `SET ROLE` use it: unquoted-identifier rules,
+# so it needs no quoting anywhere it is written (docs/operations.md).
+ROLE_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+
+
+@checks.register()
+def check_web_role(app_configs: Apps = None, **kwargs: Any) -> list[CheckMessage]:
+    """TICK_DB_WEB_ROLE names the role web requests run as (row-level security)."""
+    role = settings.TICK_DB_WEB_ROLE
+    if ROLE_NAME.match(role) and not role.startswith("pg_"):
+        return []
+    return [
+        checks.Error(
+            f"TICK_DB_WEB_ROLE is {role!r}, which is no plain PostgreSQL role name: web "
+            "requests could not switch to it, so every page and API call would fail.",
+            hint="Use lower-case letters, digits and underscores (not starting with a digit "
+            "or pg_), at most 63 characters; the default is tick_web.",
+            id="tick.E021",
         )
     ]

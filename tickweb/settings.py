@@ -64,6 +64,9 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # Row-level security for the rest of the request (apps/tenants/rls.py): the web role,
+    # the signed-in user, the tenant once a door resolves it.
+    "apps.tenants.rls_middleware.TenantRLSMiddleware",
     # request.user.is_verified(): whether this session passed a TOTP device (admin site).
     "django_otp.middleware.OTPMiddleware",
     # Records the signed-in user's session for the account page's session list (docs/ui.md).
@@ -154,6 +157,11 @@ DATABASES = {
     )
 }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+# Row-level security (docs/decisions.md "Row-level security", apps/tenants/rls.py): web
+# requests run as this role, which the tenant policies restrict; the migrations create it if
+# missing and grant it the tables. Web processes should connect as it (TICK_WEB_DATABASE_URL
+# in docs/operations.md); the engine connects as the tables' owner, which the policies exempt.
+TICK_DB_WEB_ROLE = env_str("TICK_DB_WEB_ROLE", "tick_web")
 
 # --- security ---------------------------------------------------------------------------
 SECRET_KEY = env_str("SECRET_KEY", "")

@@ -12,6 +12,7 @@ from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions, permissions
 from rest_framework.request import Request
 
+from apps.tenants import rls
 from apps.tenants.models import ApiKey, Tenant
 from apps.tenants.services import hash_api_key
 
@@ -51,14 +52,18 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
         if scheme != self.keyword or not raw.strip():
             raise exceptions.AuthenticationFailed("Use 'Authorization: Bearer <api key>'.")
         now = timezone.now()
+        key_hash = hash_api_key(raw.strip())
+        # Row-level security shows this one key (and its tenant) before the tenant is known.
+        rls.api_key_hash_present(key_hash)
         key = (
             ApiKey.objects.select_related("tenant")
-            .filter(key_hash=hash_api_key(raw.strip()), revoked_at__isnull=True)
+            .filter(key_hash=key_hash, revoked_at__isnull=True)
             .filter(Q(expires_at__isnull=True) | Q(expires_at__gt=now))
             .first()
         )
         if key is None:
             raise exceptions.AuthenticationFailed("Unknown, revoked or expired API key.")
+        rls.tenant_enter(key.tenant_id)
         if key.last_used_at is None or now - key.last_used_at > LAST_USED_RESOLUTION:
             ApiKey.objects.filter(pk=key.pk).update(last_used_at=now)
         return TenantPrincipal(key.tenant, key), key

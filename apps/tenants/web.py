@@ -15,6 +15,7 @@ from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 
+from apps.tenants import rls
 from apps.tenants.models import Membership, Tenant
 
 SESSION_TENANT = "tick_tenant_id"
@@ -66,6 +67,7 @@ def tenant_page(view: View) -> View:
         context = tenant_context(request)
         if context is None:
             return render(request, "tick/no_tenant.html", status=403)
+        rls.tenant_enter(context.tenant.pk)
         request.tick = context  # type: ignore[attr-defined]
         return view(request, *args, **kwargs)
 

@@ -16,6 +16,8 @@ from datetime import UTC, date, datetime, time, timedelta
 from django.db import IntegrityError, ProgrammingError, connection, transaction
 from django.db.backends.utils import CursorWrapper
 
+from apps.tenants.rls import partition_rls_sql
+
 PARTITIONED_TABLES = ("occurrences_occurrence", "occurrences_attempt")
 _SUFFIX = re.compile(r"_p(\d{8})$")
 
@@ -72,6 +74,9 @@ def _create(cursor: CursorWrapper, name: str, table: str, start: datetime, end: 
                 "FOR VALUES FROM (%s) TO (%s)",
                 [start, end],
             )
+            # Deny-all RLS on the partition itself, in the same DDL (docs/decisions.md
+            # "Row-level security"): reads go through the parent's policy.
+            cursor.execute(partition_rls_sql(name))
         return True
     except (ProgrammingError, IntegrityError):
         cursor.execute("SELECT to_regclass(%s) IS NOT NULL", [name])

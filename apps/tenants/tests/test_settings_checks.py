@@ -18,6 +18,7 @@ from tickweb.checks import (
     check_pipeline_windows,
     check_utc,
     check_value_ranges,
+    check_web_role,
 )
 
 
@@ -170,3 +171,13 @@ def test_a_malformed_signing_key_is_e060_and_a_real_one_passes():
         assert "entry 2" in check_signing_keys()[0].msg
     with override_settings(TICK_SIGNING_KEYS=[good]):
         assert check_signing_keys() == []
+
+
+@pytest.mark.parametrize("role", ["Tick-Web", "1web", "pg_web", "web; DROP TABLE x", ""])
+def test_a_web_role_that_is_no_plain_role_name_is_e020(role):
+    with override_settings(TICK_DB_WEB_ROLE=role):
+        assert _ids(check_web_role()) == ["tick.E021"]
+
+
+def test_the_default_web_role_passes():
+    assert check_web_role() == []

@@ -1,0 +1,245 @@
+"""Row-level security: PostgreSQL's second wall behind the application's tenant filters
+(docs/decisions.md "Row-level security"; deployment in docs/operations.md).
+
+Two halves:
+
+* **Schema** (used by migrations): `WebRoleGrants` makes sure the web role exists and may use
+  the tables; `EnableTenantRLS("table")` turns row-level security on for one tenant-owned
+  table with the one isolation policy. A new tenant-owned table needs exactly one
+  `EnableTenantRLS` line in its migration.
+* **Requests** (used by the web doors): the web process's requests run as the web role
+  (`SET ROLE`, a no-op when it already connects as that role) with the current tenant, user and
+  staff flag in session settings that the policies read. `request_begin` resets all of them at
+  the start of every request and `request_end` at its end, so a persistent connection never
+  carries one request's tenant into the next.
+
+The engine (materializer, relay, worker, reaper, audit, commands) connects as the tables'
+owner: row-level security is ENABLEd, not FORCEd, so the owner is exempt and its hot paths
+carry no policy at all.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.conf import settings
+from django.db import connection, migrations
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.backends.base.schema import BaseDatabaseSchemaEditor
+from django.db.migrations.state import StateApps
+
+# The session settings the policies read. Custom settings need a dotted name; unset they read
+# as NULL (`current_setting(name, true)`), and '' (what `request_end` leaves) as no tenant.
+TENANT_SETTING = "tick.tenant_id"
+USER_SETTING = "tick.user_id"
+STAFF_SETTING = "tick.staff"
+API_KEY_HASH_SETTING = "tick.api_key_hash"
+STAFF_ON = "on"
+
+POLICY = "tick_tenant_isolation"
+
+# Wrapped in a scalar sub-select: PostgreSQL evaluates it once per statement (an InitPlan)
+# instead of parsing the setting for every row, and can use it as an index condition.
+CURRENT_TENANT_SQL = f"(SELECT NULLIF(current_setting('{TENANT_SETTING}', true), '')::uuid)"
+CURRENT_USER_SQL = f"(SELECT NULLIF(current_setting('{USER_SETTING}', true), '')::integer)"
+STAFF_SQL = f"(SELECT current_setting('{STAFF_SETTING}', true) = '{STAFF_ON}')"
+API_KEY_HASH_SQL = f"(SELECT NULLIF(current_setting('{API_KEY_HASH_SETTING}', true), ''))"
+
+
+def tenant_predicate(column: str) -> str:
+    """Rows of the current tenant; every row on a staff request of the Django admin."""
+    return f'("{column}" = {CURRENT_TENANT_SQL} OR {STAFF_SQL})'
+
+
+# --------------------------------------------------------------------------------------------
+# Schema (migrations)
+# --------------------------------------------------------------------------------------------
+
+
+def web_role() -> str:
+    return str(settings.TICK_DB_WEB_ROLE)
+
+
+class EnableTenantRLS(migrations.RunSQL):
+    """Row-level security on one tenant-owned table: the web role may read and write only the
+    rows whose `column` is the request's tenant (all rows on a staff admin request).
+
+    Grants the web role DML on the table too (for tables created before `WebRoleGrants` set
+    the default privileges). Idempotent: re-running replaces the policy.
+    """
+
+    def __init__(self, table: str, column: str = "tenant_id") -> None:
+        self.table, self.column = table, column
+        predicate = tenant_predicate(column)
+        super().__init__(
+            sql=[
+                f'ALTER TABLE "{table}" ENABLE ROW LEVEL SECURITY',
+                f'DROP POLICY IF EXISTS {POLICY} ON "{table}"',
+                f'CREATE POLICY {POLICY} ON "{table}" USING {predicate} WITH CHECK {predicate}',
+            ],
+            reverse_sql=[
+                f'DROP POLICY IF EXISTS {POLICY} ON "{table}"',
+                f'ALTER TABLE "{table}" DISABLE ROW LEVEL SECURITY',
+            ],
+        )
+
+    def database_forwards(
+        self,
+        app_label: str,
+        schema_editor: BaseDatabaseSchemaEditor,
+        from_state: Any,
+        to_state: Any,
+    ) -> None:
+        super().database_forwards(app_label, schema_editor, from_state, to_state)
+        role = schema_editor.connection.ops.quote_name(web_role())
+        schema_editor.execute(f'GRANT SELECT, INSERT, UPDATE, DELETE ON "{self.table}" TO {role}')
+
+    def describe(self) -> str:
+        return f"Row-level security on {self.table} by {self.column}"
+
+
+def _role_exists_sql(role: str) -> str:
+    # A DO block: roles are cluster-wide and parallel test databases migrate at once, so a
+    # concurrent CREATE ROLE that wins the race is not an error here.
+    # The name passed tickweb/checks.py (tick.E020): a plain identifier, no quoting needed.
+    return f"""
+DO $$
+BEGIN
+  IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{role}') THEN
+    BEGIN
+      CREATE ROLE {role} LOGIN NOSUPERUSER NOBYPASSRLS NOCREATEDB NOCREATEROLE;
+    EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL;
+    END;
+  END IF;
+END $$"""
+
+
+def _grants(apps: StateApps, schema_editor: BaseDatabaseSchemaEditor) -> None:
+    ops: Any = schema_editor.connection.ops
+    role = ops.quote_name(web_role())
+    schema_editor.execute(_role_exists_sql(web_role()))
+    schema_editor.execute(f"GRANT USAGE ON SCHEMA public TO {role}")
+    schema_editor.execute(
+        f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {role}"
+    )
+    schema_editor.execute(f"GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA public TO {role}")
+    # Tables (and sequences) this role creates later: other apps' migrations, partitions.
+    schema_editor.execute(
+        "ALTER DEFAULT PRIVILEGES IN SCHEMA public "
+        f"GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO {role}"
+    )
+    schema_editor.execute(
+        f"ALTER DEFAULT PRIVILEGES IN SCHEMA public GRANT USAGE, SELECT ON SEQUENCES TO {role}"
+    )
+
+
+def _revoke(apps: StateApps, schema_editor: BaseDatabaseSchemaEditor) -> None:
+    ops: Any = schema_editor.connection.ops
+    role = ops.quote_name(web_role())
+    schema_editor.execute(
+        "ALTER DEFAULT PRIVILEGES IN SCHEMA public "
+        f"REVOKE SELECT, INSERT, UPDATE, DELETE ON TABLES FROM {role}"
+    )
+    schema_editor.execute(
+        f"ALTER DEFAULT PRIVILEGES IN SCHEMA public REVOKE USAGE, SELECT ON SEQUENCES FROM {role}"
+    )
+    schema_editor.execute(f"REVOKE ALL ON ALL TABLES IN SCHEMA public FROM {role}")
+    schema_editor.execute(f"REVOKE ALL ON ALL SEQUENCES IN SCHEMA public FROM {role}")
+
+
+def WebRoleGrants() -> migrations.RunPython:  # noqa: N802 - reads like the other operations
+    """The web role exists (created if missing) and may use every table of the schema, now
+    and later (default privileges of the migrating role)."""
+    return migrations.RunPython(_grants, _revoke, elidable=False)
+
+
+def partition_rls_sql(partition: str) -> str:
+    """A partition read directly (not through its parent) obeys only its own row-level
+    security, which PostgreSQL does not copy from the parent: enabled with no policy, it shows
+    the web role nothing. Through the parent the parent's policy applies (docs/decisions.md)."""
+    return f'ALTER TABLE "{partition}" ENABLE ROW LEVEL SECURITY'
+
+
+def _existing_partitions_rls(apps: StateApps, schema_editor: BaseDatabaseSchemaEditor) -> None:
+    with schema_editor.connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = 'public' AND c.relispartition"
+        )
+        names = [row[0] for row in cursor.fetchall()]
+    for name in names:
+        schema_editor.execute(partition_rls_sql(name))
+
+
+def PartitionsRLS() -> migrations.RunPython:  # noqa: N802 - reads like the other operations
+    """Deny-all row-level security on every partition that exists already (`manage.py
+    partitions` does the same for each one it creates)."""
+    return migrations.RunPython(_existing_partitions_rls, migrations.RunPython.noop)
+
+
+# --------------------------------------------------------------------------------------------
+# Requests (the web process)
+# --------------------------------------------------------------------------------------------
+
+# Set on the connection object while a request runs under the web role, so the doors below
+# are no-ops outside a request (commands, the engine, tests calling services directly).
+_ACTIVE = "tick_rls_active"
+
+
+def active(conn: BaseDatabaseWrapper | None = None) -> bool:
+    return bool(getattr(conn or connection, _ACTIVE, False))
+
+
+def _set(pairs: list[tuple[str, str]]) -> None:
+    # One round trip; session scope (is_local = false): Tick's request code commits in
+    # several short transactions of its own (idempotency rows, the per-key rate counter), so
+    # the settings must outlive each of them, and `request_end` clears them.
+    select = ", ".join("set_config(%s, %s, false)" for _ in pairs)
+    params = [value for pair in pairs for value in pair]
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {select}", params)
+
+
+def request_begin(*, user_id: int | None, staff: bool) -> None:
+    """Start of a web request: the web role, no tenant yet, who is signed in, and whether this
+    is a staff request of the Django admin (which sees every tenant)."""
+    _set(
+        [
+            ("role", web_role()),
+            (TENANT_SETTING, ""),
+            (API_KEY_HASH_SETTING, ""),
+            (USER_SETTING, "" if user_id is None else str(user_id)),
+            (STAFF_SETTING, STAFF_ON if staff else ""),
+        ]
+    )
+    setattr(connection, _ACTIVE, True)
+
+
+def request_end() -> None:
+    """End of a web request: back to the connection's own role, every setting cleared."""
+    if not active():
+        return
+    setattr(connection, _ACTIVE, False)
+    _set(
+        [
+            ("role", "none"),
+            (TENANT_SETTING, ""),
+            (API_KEY_HASH_SETTING, ""),
+            (USER_SETTING, ""),
+            (STAFF_SETTING, ""),
+        ]
+    )
+
+
+def tenant_enter(tenant_id: uuid.UUID) -> None:
+    """The request's tenant is known (API key or the web user's membership): its rows show."""
+    if active():
+        _set([(TENANT_SETTING, str(tenant_id))])
+
+
+def api_key_hash_present(key_hash: str) -> None:
+    """Before the tenant is known: the one API key row with this hash becomes readable, so
+    authentication can find the key (and so its tenant) and nothing else."""
+    if active():
+        _set([(API_KEY_HASH_SETTING, key_hash)])
