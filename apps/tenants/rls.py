@@ -182,64 +182,80 @@ def PartitionsRLS() -> migrations.RunPython:  # noqa: N802 - reads like the othe
 # Requests (the web process)
 # --------------------------------------------------------------------------------------------
 
-# Set on the connection object while a request runs under the web role, so the doors below
-# are no-ops outside a request (commands, the engine, tests calling services directly).
-_ACTIVE = "tick_rls_active"
+# Kept on the connection object (which outlives a reconnect) while a request runs under the
+# web role: the doors below are no-ops outside a request (commands, the engine, tests calling
+# services directly), and a connection reopened mid-request gets the same settings again.
+_SETTINGS = "tick_rls_settings"
 
 
 def active(conn: BaseDatabaseWrapper | None = None) -> bool:
-    return bool(getattr(conn or connection, _ACTIVE, False))
+    return getattr(conn or connection, _SETTINGS, None) is not None
 
 
-def _set(pairs: list[tuple[str, str]]) -> None:
+def _apply(cursor: Any, values: dict[str, str]) -> None:
     # One round trip; session scope (is_local = false): Tick's request code commits in
     # several short transactions of its own (idempotency rows, the per-key rate counter), so
     # the settings must outlive each of them, and `request_end` clears them.
-    select = ", ".join("set_config(%s, %s, false)" for _ in pairs)
-    params = [value for pair in pairs for value in pair]
+    select = ", ".join("set_config(%s, %s, false)" for _ in values)
+    cursor.execute(f"SELECT {select}", [item for pair in values.items() for item in pair])
+
+
+def _set(values: dict[str, str]) -> None:
+    current = getattr(connection, _SETTINGS, None)
+    if current is not None:
+        current.update(values)
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT {select}", params)
+        _apply(cursor, values)
+
+
+def reapply_on_reconnect(sender: Any, connection: BaseDatabaseWrapper, **kwargs: Any) -> None:
+    """`connection_created` receiver: a connection reopened in the middle of a request (after
+    an error closed it) is the login role with no settings — the owner, in the `SET ROLE`
+    set-up. Restore the request's role and tenant before anything else runs on it."""
+    values = getattr(connection, _SETTINGS, None)
+    if values:
+        with connection.cursor() as cursor:
+            _apply(cursor, values)
 
 
 def request_begin(*, user_id: int | None, staff: bool) -> None:
     """Start of a web request: the web role, no tenant yet, who is signed in, and whether this
     is a staff request of the Django admin (which sees every tenant)."""
-    _set(
-        [
-            ("role", web_role()),
-            (TENANT_SETTING, ""),
-            (API_KEY_HASH_SETTING, ""),
-            (USER_SETTING, "" if user_id is None else str(user_id)),
-            (STAFF_SETTING, STAFF_ON if staff else ""),
-        ]
-    )
-    setattr(connection, _ACTIVE, True)
+    values = {
+        "role": web_role(),
+        TENANT_SETTING: "",
+        API_KEY_HASH_SETTING: "",
+        USER_SETTING: "" if user_id is None else str(user_id),
+        STAFF_SETTING: STAFF_ON if staff else "",
+    }
+    setattr(connection, _SETTINGS, dict(values))
+    _set(values)
 
 
 def request_end() -> None:
     """End of a web request: back to the connection's own role, every setting cleared."""
     if not active():
         return
-    setattr(connection, _ACTIVE, False)
+    setattr(connection, _SETTINGS, None)
     _set(
-        [
-            ("role", "none"),
-            (TENANT_SETTING, ""),
-            (API_KEY_HASH_SETTING, ""),
-            (USER_SETTING, ""),
-            (STAFF_SETTING, ""),
-        ]
+        {
+            "role": "none",
+            TENANT_SETTING: "",
+            API_KEY_HASH_SETTING: "",
+            USER_SETTING: "",
+            STAFF_SETTING: "",
+        }
     )
 
 
 def tenant_enter(tenant_id: uuid.UUID) -> None:
     """The request's tenant is known (API key or the web user's membership): its rows show."""
     if active():
-        _set([(TENANT_SETTING, str(tenant_id))])
+        _set({TENANT_SETTING: str(tenant_id)})
 
 
 def api_key_hash_present(key_hash: str) -> None:
     """Before the tenant is known: the one API key row with this hash becomes readable, so
     authentication can find the key (and so its tenant) and nothing else."""
     if active():
-        _set([(API_KEY_HASH_SETTING, key_hash)])
+        _set({API_KEY_HASH_SETTING: key_hash})

@@ -84,6 +84,12 @@ def web_probe(request: HttpRequest) -> JsonResponse:
     return JsonResponse(unfiltered_reads())
 
 
+@tenant_page
+def reconnect_probe(request: HttpRequest) -> JsonResponse:
+    connection.close()  # as an error would; the next query opens a new connection
+    return JsonResponse(unfiltered_reads())
+
+
 def plain_probe(request: HttpRequest) -> JsonResponse:
     return JsonResponse(unfiltered_reads())
 
@@ -92,6 +98,7 @@ urlpatterns = [
     path("api/v1/rls-probe", ApiProbe.as_view()),
     path("rls-probe/web/", web_probe),
     path("rls-probe/plain/", plain_probe),
+    path("rls-probe/reconnect/", reconnect_probe),
     path("admin/rls-probe/", plain_probe),
     *project_urlpatterns,
 ]

@@ -165,6 +165,17 @@ def test_the_wall_holds_outside_a_test_transaction_too(api_a, api_b, rows, tenan
     assert _scalar("SELECT current_user = session_user") is True
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_connection_reopened_mid_request_keeps_the_wall(client, alice, rows, tenant_a):
+    client.force_login(alice)
+
+    body = client.get("/rls-probe/reconnect/").json()
+
+    assert body["role"] == "tick_web"
+    assert body["schedule_tenants"] == [str(tenant_a.id)]
+    assert _scalar("SELECT current_user = session_user") is True
+
+
 def test_every_tenant_owned_table_has_the_policy():
     """A new table with a tenant_id column needs `EnableTenantRLS("table")` in its
     migration; this lists the ones that lack it."""
