@@ -54,7 +54,7 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
         now = timezone.now()
         key_hash = hash_api_key(raw.strip())
         # Row-level security shows this one key (and its tenant) before the tenant is known.
-        rls.api_key_hash_present(key_hash)
+        rls.lookup_present(rls.API_KEY_HASH_SETTING, key_hash)
         key = (
             ApiKey.objects.select_related("tenant")
             .filter(key_hash=key_hash, revoked_at__isnull=True)

@@ -6,7 +6,8 @@ Two halves:
 * **Schema** (used by migrations): `WebRoleGrants` makes sure the web role exists and may use
   the tables; `EnableTenantRLS("table")` turns row-level security on for one tenant-owned
   table with the one isolation policy. A new tenant-owned table needs exactly one
-  `EnableTenantRLS` line in its migration.
+  `EnableTenantRLS` line in its migration; a door that must find a row before it knows the
+  tenant (by a secret's hash) adds `AllowLookupBy` and calls `lookup_present`.
 * **Requests** (used by the web doors): the web process's requests run as the web role
   (`SET ROLE`, a no-op when it already connects as that role) with the current tenant, user and
   staff flag in session settings that the policies read. `request_begin` resets all of them at
@@ -36,6 +37,9 @@ USER_SETTING = "tick.user_id"
 STAFF_SETTING = "tick.staff"
 API_KEY_HASH_SETTING = "tick.api_key_hash"
 STAFF_ON = "on"
+# Settings a door may set before the tenant is known (`lookup_present`, `AllowLookupBy`);
+# cleared at the start and end of every request. A new lookup adds its setting here.
+LOOKUP_SETTINGS = (API_KEY_HASH_SETTING,)
 
 POLICY = "tick_tenant_isolation"
 
@@ -44,7 +48,14 @@ POLICY = "tick_tenant_isolation"
 CURRENT_TENANT_SQL = f"(SELECT NULLIF(current_setting('{TENANT_SETTING}', true), '')::uuid)"
 CURRENT_USER_SQL = f"(SELECT NULLIF(current_setting('{USER_SETTING}', true), '')::integer)"
 STAFF_SQL = f"(SELECT current_setting('{STAFF_SETTING}', true) = '{STAFF_ON}')"
-API_KEY_HASH_SQL = f"(SELECT NULLIF(current_setting('{API_KEY_HASH_SETTING}', true), ''))"
+
+
+def setting_sql(setting: str) -> str:
+    """A lookup setting's value in a policy: NULL (matches nothing) when unset or empty."""
+    return f"(SELECT NULLIF(current_setting('{setting}', true), ''))"
+
+
+API_KEY_HASH_SQL = setting_sql(API_KEY_HASH_SETTING)
 
 
 def tenant_predicate(column: str) -> str:
@@ -97,6 +108,24 @@ class EnableTenantRLS(migrations.RunSQL):
 
     def describe(self) -> str:
         return f"Row-level security on {self.table} by {self.column}"
+
+
+class AllowLookupBy(migrations.RunSQL):
+    """Before the tenant is known, a door may read the rows of `table` whose `column` equals
+    the value it put in `setting` (`lookup_present`) — e.g. the one API key whose hash the
+    caller presented. SELECT only; `setting` must be listed in LOOKUP_SETTINGS. Choose a
+    column only the holder of a secret can know (a hash of it), never an enumerable id."""
+
+    def __init__(self, table: str, column: str, setting: str) -> None:
+        name = f"tick_lookup_by_{column}"
+        super().__init__(
+            sql=[
+                f'DROP POLICY IF EXISTS {name} ON "{table}"',
+                f'CREATE POLICY {name} ON "{table}" FOR SELECT '
+                f'USING ("{column}" = {setting_sql(setting)})',
+            ],
+            reverse_sql=[f'DROP POLICY IF EXISTS {name} ON "{table}"'],
+        )
 
 
 def _role_exists_sql(role: str) -> str:
@@ -224,7 +253,7 @@ def request_begin(*, user_id: int | None, staff: bool) -> None:
     values = {
         "role": web_role(),
         TENANT_SETTING: "",
-        API_KEY_HASH_SETTING: "",
+        **dict.fromkeys(LOOKUP_SETTINGS, ""),
         USER_SETTING: "" if user_id is None else str(user_id),
         STAFF_SETTING: STAFF_ON if staff else "",
     }
@@ -241,7 +270,7 @@ def request_end() -> None:
         {
             "role": "none",
             TENANT_SETTING: "",
-            API_KEY_HASH_SETTING: "",
+            **dict.fromkeys(LOOKUP_SETTINGS, ""),
             USER_SETTING: "",
             STAFF_SETTING: "",
         }
@@ -254,8 +283,10 @@ def tenant_enter(tenant_id: uuid.UUID) -> None:
         _set({TENANT_SETTING: str(tenant_id)})
 
 
-def api_key_hash_present(key_hash: str) -> None:
-    """Before the tenant is known: the one API key row with this hash becomes readable, so
-    authentication can find the key (and so its tenant) and nothing else."""
+def lookup_present(setting: str, value: str) -> None:
+    """Before the tenant is known: the rows an `AllowLookupBy` policy ties to `setting` and
+    `value` become readable (e.g. the one API key with this hash), nothing else."""
+    if setting not in LOOKUP_SETTINGS:
+        raise ValueError(f"{setting} is no lookup setting (LOOKUP_SETTINGS)")
     if active():
-        _set({API_KEY_HASH_SETTING: key_hash})
+        _set({setting: value})

@@ -3,8 +3,10 @@
 from django.db import migrations
 
 from apps.tenants.rls import (
+    API_KEY_HASH_SETTING,
     API_KEY_HASH_SQL,
     CURRENT_USER_SQL,
+    AllowLookupBy,
     EnableTenantRLS,
     WebRoleGrants,
 )
@@ -15,11 +17,6 @@ from apps.tenants.rls import (
 # - a signed-in user reads their own memberships (the tenant picker, `tenant_page`),
 # - and the tenants those memberships name.
 LOOKUP_POLICIES = [
-    (
-        "CREATE POLICY tick_api_key_by_hash ON tenants_apikey FOR SELECT "
-        f"USING (key_hash = {API_KEY_HASH_SQL})",
-        "DROP POLICY IF EXISTS tick_api_key_by_hash ON tenants_apikey",
-    ),
     (
         "CREATE POLICY tick_tenant_of_api_key ON tenants_tenant FOR SELECT "
         "USING (id IN (SELECT k.tenant_id FROM tenants_apikey k "
@@ -50,5 +47,6 @@ class Migration(migrations.Migration):
         EnableTenantRLS("tenants_apikey"),
         EnableTenantRLS("tenants_idempotencykey"),
         EnableTenantRLS("tenants_tenantevent"),
+        AllowLookupBy("tenants_apikey", "key_hash", API_KEY_HASH_SETTING),
         *(migrations.RunSQL(sql, reverse) for sql, reverse in LOOKUP_POLICIES),
     ]

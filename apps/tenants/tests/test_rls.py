@@ -17,6 +17,7 @@ from apps.occurrences.models import Occurrence
 from apps.occurrences.pipeline.partitions import PARTITIONED_TABLES, partitions_ensure
 from apps.occurrences.tests.support.rows import occurrence, schedule
 from apps.schedules.models import Schedule
+from apps.tenants import rls
 from apps.tenants.models import TenantEvent
 from apps.tenants.rls import POLICY
 from apps.tenants.services import api_key_create
@@ -217,3 +218,8 @@ def test_the_web_role_is_restricted_and_owns_nothing():
 
     assert attrs == "(f,f)"
     assert owned == 0
+
+
+def test_a_lookup_needs_a_declared_setting():
+    with pytest.raises(ValueError, match="no lookup setting"):
+        rls.lookup_present("tick.anything", "x")
