@@ -348,6 +348,10 @@ def check_email_configured(app_configs: Apps = None, **kwargs: Any) -> list[Chec
             hint="Set EMAIL_URL, e.g. smtp://user:pass@smtp.example.com:587/?tls=1, and "
             "DEFAULT_FROM_EMAIL.",
             id="tick.W021",
+        )
+    ]
+
+
 # A PostgreSQL role name as the migrations and `SET ROLE` use it: unquoted-identifier rules,
 # so it needs no quoting anywhere it is written (docs/operations.md).
 ROLE_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")

@@ -13,6 +13,7 @@ from django.contrib.sessions.backends.base import SessionBase
 from django.db import transaction
 from django.utils import timezone
 
+from apps.tenants import rls
 from apps.tenants.models import Membership, TenantEvent, UserSession
 from apps.tenants.services import log_tenant_event
 
@@ -73,6 +74,9 @@ def _log_everywhere(user: Any, kind: TenantEvent.Kind, now: datetime, **detail: 
     """Account-level events go to every tenant the user belongs to: each tenant's admins see
     what happened to the accounts that can reach their tenant."""
     for membership in Membership.objects.filter(user=user).select_related("tenant"):
+        # Row-level security (apps/tenants/rls.py): each event is written as its tenant, which
+        # this user's membership admits.
+        rls.tenant_enter(membership.tenant_id)
         log_tenant_event(
             tenant=membership.tenant, kind=kind, actor=f"user:{user.get_username()}", now=now,
             **detail,

@@ -28,6 +28,7 @@ from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
 
+from apps.tenants import rls
 from apps.tenants.errors import (
     InvitationStateConflict,
     LastAdminRefused,
@@ -198,9 +199,10 @@ class InvitationCheck:
 def invitation_by_token(token: str, *, now: datetime | None = None) -> InvitationCheck:
     """Look an invitation link up. Unknown (forged, or replaced by a re-send), used, revoked
     and expired links are refused, each with a reason a person can act on."""
-    invitation = (
-        Invitation.objects.select_related("tenant").filter(token_hash=_token_hash(token)).first()
-    )
+    token_hash = _token_hash(token)
+    # Row-level security (apps/tenants/rls.py): the link's holder may read its one invitation.
+    rls.lookup_present(rls.INVITATION_TOKEN_SETTING, token_hash)
+    invitation = Invitation.objects.select_related("tenant").filter(token_hash=token_hash).first()
     if invitation is None:
         return InvitationCheck(None, "This invitation link is not valid. It may have been "
                                      "replaced by a newer one: use the latest mail.")  # fmt: skip
@@ -225,6 +227,8 @@ def invitation_accept(
     check = invitation_by_token(token)
     if check.invitation is None or check.refusal:
         raise InvitationStateConflict(check.refusal or "This invitation link is not valid.")
+    # An open invitation admits its holder to the tenant's rows (the membership, its event).
+    rls.tenant_enter(check.invitation.tenant_id)
     with transaction.atomic():
         _lock_tenant(check.invitation.tenant)
         invitation = _lock_open_invitation(check.invitation)

@@ -36,10 +36,11 @@ TENANT_SETTING = "tick.tenant_id"
 USER_SETTING = "tick.user_id"
 STAFF_SETTING = "tick.staff"
 API_KEY_HASH_SETTING = "tick.api_key_hash"
+INVITATION_TOKEN_SETTING = "tick.invitation_token_hash"  # noqa: S105 - a setting name
 STAFF_ON = "on"
 # Settings a door may set before the tenant is known (`lookup_present`, `AllowLookupBy`);
 # cleared at the start and end of every request. A new lookup adds its setting here.
-LOOKUP_SETTINGS = (API_KEY_HASH_SETTING,)
+LOOKUP_SETTINGS = (API_KEY_HASH_SETTING, INVITATION_TOKEN_SETTING)
 
 POLICY = "tick_tenant_isolation"
 

@@ -6,17 +6,26 @@ from apps.tenants.rls import (
     API_KEY_HASH_SETTING,
     API_KEY_HASH_SQL,
     CURRENT_USER_SQL,
+    INVITATION_TOKEN_SETTING,
     AllowLookupBy,
     EnableTenantRLS,
     WebRoleGrants,
+    setting_sql,
 )
 
 # Lookups made before the request's tenant is known, each as narrow as the door needs:
 # - API-key authentication reads the one key whose hash the caller presented, and its
 #   tenant;
 # - a signed-in user reads their own memberships (the tenant picker, `tenant_page`),
-# - and the tenants those memberships name.
+# - and the tenants those memberships name;
+# - an invitation link reads its one invitation (by the token's hash) and that tenant.
 LOOKUP_POLICIES = [
+    (
+        "CREATE POLICY tick_tenant_of_invitation ON tenants_tenant FOR SELECT "
+        "USING (id IN (SELECT i.tenant_id FROM tenants_invitation i "
+        f"WHERE i.token_hash = {setting_sql(INVITATION_TOKEN_SETTING)}))",
+        "DROP POLICY IF EXISTS tick_tenant_of_invitation ON tenants_tenant",
+    ),
     (
         "CREATE POLICY tick_tenant_of_api_key ON tenants_tenant FOR SELECT "
         "USING (id IN (SELECT k.tenant_id FROM tenants_apikey k "
@@ -47,6 +56,9 @@ class Migration(migrations.Migration):
         EnableTenantRLS("tenants_apikey"),
         EnableTenantRLS("tenants_idempotencykey"),
         EnableTenantRLS("tenants_tenantevent"),
+        EnableTenantRLS("tenants_signingsecret"),
+        EnableTenantRLS("tenants_invitation"),
         AllowLookupBy("tenants_apikey", "key_hash", API_KEY_HASH_SETTING),
+        AllowLookupBy("tenants_invitation", "token_hash", INVITATION_TOKEN_SETTING),
         *(migrations.RunSQL(sql, reverse) for sql, reverse in LOOKUP_POLICIES),
     ]
