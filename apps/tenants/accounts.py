@@ -73,6 +73,7 @@ def user_sessions(*, user: Any, current_key: str | None) -> list[SessionRow]:
 def _log_everywhere(user: Any, kind: TenantEvent.Kind, now: datetime, **detail: Any) -> None:
     """Account-level events go to every tenant the user belongs to: each tenant's admins see
     what happened to the accounts that can reach their tenant."""
+    rls.user_enter(user.pk)  # a reset link's user is not signed in yet
     for membership in Membership.objects.filter(user=user).select_related("tenant"):
         # Row-level security (apps/tenants/rls.py): each event is written as its tenant, which
         # this user's membership admits.

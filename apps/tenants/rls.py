@@ -278,6 +278,13 @@ def request_end() -> None:
     )
 
 
+def user_enter(user_id: int) -> None:
+    """The request acts for this user although no session says so yet (a password-reset link
+    Django has just verified): their memberships show, as for a signed-in user."""
+    if active():
+        _set({USER_SETTING: str(user_id)})
+
+
 def tenant_enter(tenant_id: uuid.UUID) -> None:
     """The request's tenant is known (API key or the web user's membership): its rows show."""
     if active():

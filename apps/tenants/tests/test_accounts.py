@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from django.core import mail
+from django.http import HttpRequest
 from django.test import Client
 
 from apps.tenants.models import Membership, TenantEvent, UserSession
@@ -81,7 +82,7 @@ def test_password_change_keeps_this_session_ends_the_others_and_is_audited(alice
     assert here.get("/").status_code == 200
     assert other.get("/").status_code == 302
     assert "Signed in on 1 device" in here.get("/account/").content.decode()
-    assert Client().login(username="alice", password="N3w-secret-pw")
+    assert Client().login(request=HttpRequest(), username="alice", password="N3w-secret-pw")
     event = TenantEvent.objects.get(tenant=tenant_a)
     assert (event.kind, event.detail) == (TenantEvent.Kind.PASSWORD_CHANGED, {"via": "change"})
 
@@ -99,7 +100,7 @@ def test_wrong_current_password_changes_nothing(alice, tenant_a):
     )
 
     assert response.status_code == 200
-    assert Client().login(username="alice", password="pw-alice-123")
+    assert Client().login(request=HttpRequest(), username="alice", password="pw-alice-123")
     assert not TenantEvent.objects.exists()
 
 
@@ -117,7 +118,7 @@ def test_password_reset_by_mail_sets_a_new_password_once(client, alice, tenant_a
     assert done.status_code == 302 and done["Location"] == "/password-reset/done/"
     assert not UserSession.objects.filter(user=alice).exists()  # every session ended
     assert elsewhere.get("/").status_code == 302
-    assert Client().login(username="alice", password="Reset-pw-4410")
+    assert Client().login(request=HttpRequest(), username="alice", password="Reset-pw-4410")
     assert b"already used or has expired" in Client().get(link, follow=True).content
     event = TenantEvent.objects.get(tenant=tenant_a)
     assert (event.kind, event.actor, event.detail) == (

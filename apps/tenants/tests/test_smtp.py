@@ -13,6 +13,7 @@ from typing import Any
 import dj_email_url
 import pytest
 from aiosmtpd.controller import Controller
+from django.http import HttpRequest
 from django.test import Client
 
 from apps.tenants.tests.mails import link_in
@@ -78,4 +79,4 @@ def test_password_reset_round_trip_through_a_real_smtp_server(smtp_server, alice
     response = signed_in.post("/login/", {"username": "alice", "password": "Smtp-reset-778"})
     assert response.status_code == 302 and response["Location"] == "/"
     assert signed_in.get("/").context["request"].tick.tenant == tenant_a
-    assert not Client().login(username="alice", password="pw-alice-123")
+    assert not Client().login(request=HttpRequest(), username="alice", password="pw-alice-123")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import pytest
 from django.conf import settings
 from django.test import Client
 from rest_framework.test import APIClient
@@ -37,6 +38,7 @@ def test_pages_and_api_answers_carry_the_strict_policy(client: Client, api_a: AP
         assert "'unsafe-eval'" not in response[POLICY]
 
 
+@pytest.mark.django_db  # every web request sets its row-level-security settings
 def test_api_docs_allow_only_their_own_inline_style_by_hash(client: Client) -> None:
     page = client.get("/api/docs/")
     assert page.status_code == 200
