@@ -14,7 +14,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tickweb.settings")
 
 app = Celery("tickweb")
 app.config_from_object("django.conf:settings", namespace="CELERY")
-app.autodiscover_tasks(["apps.occurrences.execution"])
+app.autodiscover_tasks(["apps.occurrences.execution", "apps.occurrences.alerts"])
 
 
 @app.on_after_configure.connect

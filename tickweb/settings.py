@@ -407,6 +407,20 @@ TICK_AUDIT_RUNNING_BOUND_S = env_int("TICK_AUDIT_RUNNING_BOUND_S", 300)
 # An ACTIVE schedule's next_run_at this far in the past: the materializer is behind or down.
 TICK_AUDIT_MATERIALIZE_LAG_S = env_int("TICK_AUDIT_MATERIALIZE_LAG_S", 300)
 
+# --- alerts (docs/alerts.md) ------------------------------------------------------------
+# A channel's first pending alert waits this long for others to join it in one message.
+TICK_ALERT_COALESCE_S = env_int("TICK_ALERT_COALESCE_S", 10)
+# At most one message per channel per interval; what fires meanwhile goes out as one digest.
+TICK_ALERT_CHANNEL_INTERVAL_S = env_int("TICK_ALERT_CHANNEL_INTERVAL_S", 60)
+# Sends of one message before it is FAILED (transient errors back off 2^n s, at most 10 min).
+TICK_ALERT_MAX_ATTEMPTS = env_int("TICK_ALERT_MAX_ATTEMPTS", 8)
+# A digest lists this many alerts and counts the rest.
+TICK_ALERT_DIGEST_LIST_MAX = env_int("TICK_ALERT_DIGEST_LIST_MAX", 50)
+# Lag rules are evaluated this often by the reaper.
+TICK_ALERT_LAG_EVERY_S = env_int("TICK_ALERT_LAG_EVERY_S", 30)
+# Links in alerts point here (the tenant UI); empty = no links.
+TICK_PUBLIC_URL = env_str("TICK_PUBLIC_URL", "http://127.0.0.1:8000")
+
 # --- observability ----------------------------------------------------------------------
 # Who may read the web's /metrics (docs/security.md "Metrics"): requests straight from these
 # networks (comma-separated CIDRs; never one that came through a proxy) or carrying

@@ -355,3 +355,148 @@ class TenantRateBucket(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} bucket of {self.tenant_id}: {self.tokens:.1f}/{self.rate:g}"
+
+
+class AlertChannel(models.Model):
+    """Where a tenant's alerts go: an e-mail address or a webhook URL (docs/alerts.md)."""
+
+    class Kind(models.TextChoices):
+        EMAIL = "email", "E-mail"
+        WEBHOOK = "webhook", "Webhook"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="+")
+    name = models.CharField(max_length=100)
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    target = models.CharField(max_length=2048)  # the address or the URL
+    enabled = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    # When the channel last received a message: at most one per TICK_ALERT_CHANNEL_INTERVAL_S,
+    # whatever fired meanwhile goes into the next one as a digest.
+    last_sent_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["tenant", "name", "id"]
+        indexes = [models.Index(fields=["tenant", "name"], name="alert_channel_tenant_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.name}"
+
+
+class AlertEvent(models.TextChoices):
+    OCCURRENCE_DEAD = "occurrence_dead", "An occurrence went DEAD"
+    OCCURRENCE_MISSED = "occurrence_missed", "An occurrence was MISSED"
+    START_LAG = "start_lag", "Start lag above a threshold"
+    ENQUEUE_LAG = "enqueue_lag", "Enqueue lag above a threshold"
+    SCHEDULE_COMPLETED = "schedule_completed", "A schedule completed"
+    # Sent by the "send test alert" button only; no rule names it.
+    TEST = "test", "Test alert"
+
+
+RULE_EVENTS = tuple(event for event in AlertEvent if event != AlertEvent.TEST)
+LAG_EVENTS = (AlertEvent.START_LAG, AlertEvent.ENQUEUE_LAG)
+
+
+class AlertRule(models.Model):
+    """One kind of event sent to one channel, for every schedule or for one."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="+")
+    channel = models.ForeignKey(AlertChannel, on_delete=models.CASCADE, related_name="rules")
+    event = models.CharField(max_length=32, choices=[(e.value, e.label) for e in RULE_EVENTS])
+    # NULL: every schedule of the tenant.
+    schedule = models.ForeignKey(
+        "schedules.Schedule",
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        db_constraint=False,
+        related_name="+",
+    )
+    # Lag rules: fire when the lag stays above threshold_s for window_minutes.
+    threshold_s = models.PositiveIntegerField(null=True, blank=True)
+    window_minutes = models.PositiveIntegerField(null=True, blank=True)
+    enabled = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["tenant", "event", "id"]
+        indexes = [
+            models.Index(fields=["tenant", "event"], name="alert_rule_tenant_event_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.event} -> {self.channel_id}"
+
+
+class AlertDelivery(models.Model):
+    """One message to one channel: a single alert, or a digest of the alerts that fired while
+    the channel was rate-limited. Published to RabbitMQ as a task and sent by a worker; its id
+    is the `Tick-Alert-Id` a receiver deduplicates on."""
+
+    class State(models.TextChoices):
+        PENDING = "pending", "Pending"
+        SENT = "sent", "Sent"
+        FAILED = "failed", "Failed"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="+")
+    channel = models.ForeignKey(AlertChannel, on_delete=models.CASCADE, related_name="deliveries")
+    alert_count = models.PositiveIntegerField()
+    state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
+    created_at = models.DateTimeField()
+    # First broker confirm of its task message; NULL = the dispatcher publishes it (again),
+    # not before `available_at` (a failed send backs off this way: Tick sends no ETA tasks).
+    published_at = models.DateTimeField(null=True, blank=True)
+    available_at = models.DateTimeField()
+    sent_at = models.DateTimeField(null=True, blank=True)
+    attempts = models.PositiveIntegerField(default=0)
+    last_error = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "id"]
+        indexes = [
+            models.Index(fields=["tenant", "created_at"], name="alert_delivery_tenant_idx"),
+            models.Index(
+                fields=["available_at"],
+                name="alert_delivery_unpublished_idx",
+                condition=models.Q(published_at__isnull=True),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"delivery {self.id} ({self.alert_count}) {self.state}"
+
+
+class Alert(models.Model):
+    """An event a rule matched. Its id is deterministic (rule + subject), so recording the
+    same event twice (a redelivered completion, a re-run pass) stores it once."""
+
+    id = models.UUIDField(primary_key=True)
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="+")
+    rule = models.ForeignKey(AlertRule, on_delete=models.CASCADE, null=True, related_name="+")
+    channel = models.ForeignKey(AlertChannel, on_delete=models.CASCADE, related_name="alerts")
+    event = models.CharField(max_length=32, choices=AlertEvent.choices)
+    schedule_id = models.UUIDField(null=True, blank=True)
+    occurrence_id = models.UUIDField(null=True, blank=True)
+    subject = models.CharField(max_length=300)
+    detail = models.JSONField(default=dict, blank=True)
+    fired_at = models.DateTimeField()
+    delivery = models.ForeignKey(
+        AlertDelivery, on_delete=models.SET_NULL, null=True, blank=True, related_name="alerts"
+    )
+
+    class Meta:
+        ordering = ["-fired_at", "id"]
+        indexes = [
+            models.Index(fields=["tenant", "fired_at"], name="alert_tenant_fired_idx"),
+            # The dispatcher's work: alerts not yet in a delivery.
+            models.Index(
+                fields=["channel", "fired_at"],
+                name="alert_undelivered_idx",
+                condition=models.Q(delivery__isnull=True),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.event}: {self.subject}"

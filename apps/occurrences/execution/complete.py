@@ -29,6 +29,7 @@ from django.db import connection, transaction
 from django.db.backends.utils import CursorWrapper
 from django.utils import timezone
 
+from apps.occurrences.alert_records import record_dead_alert
 from apps.occurrences.execution.claim import Claim
 from apps.occurrences.execution.deadlines import DeadlineExceeded
 from apps.occurrences.execution.handlers import (
@@ -86,6 +87,10 @@ def attempt_complete(
             requeue_through_outbox(cursor, _target(claim), available_at=decision.retry_at, now=now)
             metrics.retries_scheduled.inc()
         elif decision.state == Occurrence.State.DEAD:
+            ctx = claim.context
+            record_dead_alert(cursor, occurrence_id=ctx.occurrence_id,
+                              scheduled_for=ctx.scheduled_for, schedule_id=ctx.schedule_id,
+                              tenant_id=ctx.tenant_id)  # fmt: skip
             metrics.dead_occurrences.inc()
         elif decision.state == Occurrence.State.CANCELED:
             metrics.cancels.inc()

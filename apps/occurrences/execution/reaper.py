@@ -30,6 +30,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.db.backends.utils import CursorWrapper
 
+from apps.occurrences.alert_records import DEAD_ALERT_PARAMS, dead_alerts_cte
 from apps.occurrences.execution.requeue import REQUEUED_TO_OUTBOX
 from apps.occurrences.execution.retry_bounds import (
     Refusal,
@@ -96,7 +97,9 @@ _REAP = (
     + """
         WHERE r.state = %(retry_wait)s
         RETURNING 1
-    )
+    ),"""
+    + dead_alerts_cte("alerted", "(SELECT * FROM requeued WHERE state = %(dead)s)")
+    + """
     SELECT (SELECT count(*) FROM expired), (SELECT count(*) FROM outbox),
            (SELECT array_agg(reason) FROM requeued WHERE state = %(dead)s)
 """
@@ -183,6 +186,7 @@ def attempts_reap(*, now: datetime, grace_s: int, limit: int = 1000) -> ReapResu
                     "retry_wait": Occurrence.State.RETRY_WAIT,
                     "dead": Occurrence.State.DEAD,
                     "retry_lane": Lane.RETRY,
+                    **DEAD_ALERT_PARAMS,
                 },
             )
             row = cursor.fetchone()

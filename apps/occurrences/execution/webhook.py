@@ -215,24 +215,48 @@ def webhook_send(*, ctx: HandlerContext) -> int:
     extra_ports = _tenant_ports(ctx.tenant_id)
     try:
         check_webhook_payload(payload, extra_ports=extra_ports)
-        resolved = resolve_target(payload["url"], allowlist=allowlist(), extra_ports=extra_ports)
-    except SSRFRefused as exc:
-        metrics.webhook_refused.inc()
-        raise PermanentError(f"webhook target refused: {exc}") from None
     except WebhookPayloadError as exc:
         if exc.field == "url":
             metrics.webhook_refused.inc()
         raise
+    return webhook_post(
+        url=payload["url"],
+        body=_body_bytes(payload.get("body", {})),
+        headers={**payload.get("headers", {}), "Idempotency-Key": str(ctx.occurrence_id)},
+        tenant_id=ctx.tenant_id,
+        message_id=str(ctx.occurrence_id),
+        extra_ports=extra_ports,
+    )
+
+
+def webhook_post(
+    *,
+    url: str,
+    body: bytes,
+    headers: dict[str, str],
+    tenant_id: uuid.UUID,
+    message_id: str,
+    extra_ports: frozenset[int] | None = None,
+) -> int:
+    """POST a JSON `body` to `url` through the SSRF guard (the resolved address is the one
+    connected to; ports 80/443 or the tenant's; no redirects, no proxies), signed with the
+    tenant's secrets under `message_id`; returns the 2xx status or raises
+    `PermanentError`/`TransientError`. Shared by the webhook handler and alert webhooks."""
+    if extra_ports is None:
+        extra_ports = _tenant_ports(tenant_id)
+    try:
+        resolved = resolve_target(url, allowlist=allowlist(), extra_ports=extra_ports)
+    except SSRFRefused as exc:
+        metrics.webhook_refused.inc()
+        raise PermanentError(f"webhook target refused: {exc}") from None
     except OSError as exc:  # DNS failure: may be temporary
         raise TransientError(f"could not resolve webhook host: {exc}") from None
-    body = _body_bytes(payload.get("body", {}))
     headers = {
-        **payload.get("headers", {}),
+        **headers,
         "Host": resolved.target.host_header,
         "Content-Type": "application/json",
-        "Idempotency-Key": str(ctx.occurrence_id),
         "User-Agent": USER_AGENT,
-        **signed_headers(ctx=ctx, body=body),
+        **signed_headers(tenant_id=tenant_id, message_id=message_id, body=body),
     }
     timeout = urllib3.Timeout(
         connect=settings.TICK_WEBHOOK_CONNECT_TIMEOUT_S, read=settings.TICK_WEBHOOK_READ_TIMEOUT_S
@@ -271,14 +295,12 @@ def webhook_send(*, ctx: HandlerContext) -> int:
     )
 
 
-def signed_headers(*, ctx: HandlerContext, body: bytes) -> dict[str, str]:
+def signed_headers(*, tenant_id: uuid.UUID, message_id: str, body: bytes) -> dict[str, str]:
     """The Standard Webhooks headers for `body`, the exact bytes sent: the id is the
-    occurrence id (the same on every retry and redelivery), the signature is made with each
-    of the tenant's active secrets (docs/webhooks.md)."""
+    occurrence id (or an alert's id; the same on every retry and redelivery), the signature
+    is made with each of the tenant's active secrets (docs/webhooks.md)."""
     try:
-        return webhook_signature_headers(
-            tenant_id=ctx.tenant_id, message_id=str(ctx.occurrence_id), body=body
-        )
+        return webhook_signature_headers(tenant_id=tenant_id, message_id=message_id, body=body)
     except SigningUnavailable as exc:
         # An operator's key configuration, not the receiver: retrying cannot help; replay
         # from the DLQ once the key is restored.

@@ -26,12 +26,10 @@ import amqp
 from kombu.serialization import dumps
 
 from apps.occurrences.pipeline.queues import (
-    LANES,
     QUEUE_ARGUMENTS,
     TASK_NAME,
     all_queue_names,
     exchange_name,
-    queue_name,
 )
 
 log = logging.getLogger(__name__)
@@ -185,13 +183,11 @@ class Publisher:
         channel = self._channel
         exchange = exchange_name(self.prefix)
         channel.exchange_declare(exchange, "direct", durable=True, auto_delete=False)
-        for lane in LANES:
-            for partition in range(self.partitions):
-                name = queue_name(self.prefix, lane, partition)
-                channel.queue_declare(
-                    name, durable=True, auto_delete=False, arguments=dict(QUEUE_ARGUMENTS)
-                )
-                channel.queue_bind(name, exchange, routing_key=name)
+        for name in all_queue_names(self.prefix, self.partitions):
+            channel.queue_declare(
+                name, durable=True, auto_delete=False, arguments=dict(QUEUE_ARGUMENTS)
+            )
+            channel.queue_bind(name, exchange, routing_key=name)
 
     def delete_topology(self) -> None:
         """Delete this prefix's queues and exchange (benchmarks' and tests' private ones)."""

@@ -29,6 +29,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.db.backends.utils import CursorWrapper
 
+from apps.occurrences.alert_records import record_schedule_event_alerts
 from apps.occurrences.models import Lane, Occurrence, ShardLease, occurrence_id_for
 from apps.occurrences.observability import metrics
 from apps.occurrences.pipeline.bulk import array_literal
@@ -357,6 +358,7 @@ def _write_batch(cursor: CursorWrapper, batch: _BatchWrites, now: datetime) -> N
     })  # fmt: skip
     if batch.events:
         ScheduleEvent.objects.bulk_create(batch.events)
+        record_schedule_event_alerts(cursor, batch.events)
 
 
 def _count_batch(result: BatchResult) -> None:
@@ -540,9 +542,11 @@ def old_version_until_boundary(
     total = plan.missed_total
     if total:
         detail = {**_missed_detail(row, plan), "boundary": boundary.isoformat()}
-        ScheduleEvent.objects.create(
+        event = ScheduleEvent.objects.create(
             schedule_id=row.id, tenant_id=row.tenant_id, kind=ScheduleEvent.Kind.MISSED,
             version=row.version, actor=actor, at=now, detail=detail,
         )  # fmt: skip
+        with connection.cursor() as cursor:
+            record_schedule_event_alerts(cursor, [event])
         transaction.on_commit(lambda: metrics.occurrences_missed.inc(total))
     return total

@@ -24,6 +24,9 @@ TASK_NAME: Final = "tick.run_occurrence"
 # One message carrying several occurrences due at the same instant for the same tenant and
 # lane (bursts); each occurrence is still claimed, run and completed on its own.
 ENVELOPE_TASK_NAME: Final = "tick.run_occurrences"
+# Alert deliveries (apps/occurrences/alerts/): one queue per prefix, apart from the lanes so
+# that a burst of occurrences never delays an alert about them, nor the reverse.
+ALERT_TASK_NAME: Final = "tick.deliver_alert"
 
 
 def exchange_name(prefix: str) -> str:
@@ -40,8 +43,14 @@ def queue_name(prefix: str, lane: str, partition: int) -> str:
     return f"{prefix}.{lane}.p{partition}"
 
 
+def alerts_queue_name(prefix: str) -> str:
+    return f"{prefix}.alerts"
+
+
 def all_queue_names(prefix: str, partitions: int) -> list[str]:
-    return [queue_name(prefix, lane, p) for lane in LANES for p in range(partitions)]
+    """Every queue of the topology: lane x partition, then the alerts queue."""
+    lanes = [queue_name(prefix, lane, p) for lane in LANES for p in range(partitions)]
+    return [*lanes, alerts_queue_name(prefix)]
 
 
 def celery_queues(prefix: str, partitions: int) -> list[Queue]:

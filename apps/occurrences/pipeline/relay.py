@@ -41,6 +41,7 @@ from django.db import connection, transaction
 from django.db.backends.utils import CursorWrapper
 from django.utils import timezone
 
+from apps.occurrences.alert_records import DEAD_ALERT_PARAMS, dead_alerts_cte
 from apps.occurrences.models import Lane, Occurrence
 from apps.occurrences.observability import metrics
 from apps.occurrences.pipeline.broker import OutgoingMessage, Publisher, occurrence_message
@@ -124,7 +125,8 @@ _PENDING_STATES = {
 
 # A failed publish backs off (2^attempts s, at most a minute); at the limit the row is parked
 # and its occurrence goes DEAD, visible in the DLQ and replayable with the same id.
-_FAILED = """
+_FAILED = (
+    """
     WITH f AS (SELECT * FROM unnest(%(ids)s::bigint[], %(errors)s::text[]) AS f(id, error)),
     upd AS (
         UPDATE occurrences_dispatchoutbox o
@@ -141,10 +143,13 @@ _FAILED = """
         WHERE upd.parked_at IS NOT NULL AND occ.id = upd.occurrence_id
           AND occ.scheduled_for = upd.scheduled_for
           AND occ.state IN (%(scheduled)s, %(retry_wait)s)
-        RETURNING 1
-    )
+        RETURNING occ.id, occ.scheduled_for, occ.schedule_id, occ.tenant_id
+    ),"""
+    + dead_alerts_cte("alerted", "dead")
+    + """
     SELECT count(*) FROM upd WHERE parked_at IS NOT NULL
 """
+)
 
 _DEFER = """
     UPDATE occurrences_dispatchoutbox o SET available_at = d.available_at
@@ -363,6 +368,7 @@ def _record_failures(leases: LeaseSet, failed: dict[int, str], max_attempts: int
             "max_attempts": max_attempts,
             "dead": Occurrence.State.DEAD,
             **_PENDING_STATES,
+            **DEAD_ALERT_PARAMS,
         })  # fmt: skip
         row = cursor.fetchone()
     parked = int(row[0]) if row else 0

@@ -8,12 +8,16 @@ from django.conf import settings
 from django.core.management.base import CommandParser
 from django.utils import timezone
 
+from apps.occurrences.alerts.dispatch import alerts_dispatch
+from apps.occurrences.alerts.lag import lag_alerts_record
 from apps.occurrences.audit.stuck import stuck_scan
 from apps.occurrences.execution.reaper import attempts_reap
 from apps.occurrences.management.commands._loop_command import LoopCommand, LoopWork
 from apps.occurrences.observability import metrics
+from apps.occurrences.pipeline.broker import Publisher
 from apps.occurrences.pipeline.outages import outage_of
 from apps.occurrences.pipeline.redelivery import occurrences_redeliver
+from tickweb.celery import app as celery_app
 
 log = logging.getLogger("tick.reap")
 
@@ -48,6 +52,8 @@ class Command(LoopCommand):
     def work(self, options: dict[str, Any]) -> LoopWork:
         redeliver_after = options["redeliver_after"] or settings.TICK_REDELIVER_AFTER_S
         next_scan = 0.0
+        next_lag_check = 0.0
+        publisher: Publisher | None = None
 
         def scan_stuck_states() -> None:
             metrics.measure_clock_skew(self.role)
@@ -88,8 +94,33 @@ class Command(LoopCommand):
                     "backstop: republishing %d occurrences ENQUEUED over %d s with no attempt",
                     redelivered.republished, redeliver_after,
                 )  # fmt: skip
+            send_alerts()
             # A full batch means more may be waiting: go again without sleeping.
             full = reaped.expired >= REAP_LIMIT or redelivered.republished >= REAP_LIMIT
             return 1 if full else 0
+
+        def send_alerts() -> None:
+            nonlocal next_lag_check, publisher
+            try:
+                if time.monotonic() >= next_lag_check:
+                    next_lag_check = time.monotonic() + settings.TICK_ALERT_LAG_EVERY_S
+                    lag_alerts_record(now=timezone.now())
+                if publisher is None:
+                    publisher = Publisher(
+                        settings.CELERY_BROKER_URL, prefix=settings.TICK_QUEUE_PREFIX,
+                        partitions=settings.TICK_TENANT_PARTITIONS, celery_app=celery_app,
+                    )  # fmt: skip
+                sent = alerts_dispatch(
+                    now=timezone.now(), publisher=publisher,
+                    coalesce_s=settings.TICK_ALERT_COALESCE_S,
+                    interval_s=settings.TICK_ALERT_CHANNEL_INTERVAL_S,
+                )  # fmt: skip
+                if sent.deliveries:
+                    log.info("alerts: %d messages for %d alerts", sent.deliveries, sent.alerts)
+            except Exception as exc:
+                if outage_of(exc) is not None:
+                    raise
+                # Alerts are retried next pass; their failure must not stop the reaping.
+                log.exception("alert dispatch failed")
 
         return LoopWork(unit)
