@@ -271,12 +271,18 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
-    # Two models have a `state` enum; name both so the schema is stable and warning-free.
+    # Enums that share a field name get their own names: the schema is stable and warning-free.
     "ENUM_NAME_OVERRIDES": {
         "ScheduleStateEnum": "apps.schedules.models.Schedule.State",
         "OccurrenceStateEnum": "apps.occurrences.models.Occurrence.State",
         "InvitationStateEnum": "apps.tenants.models.Invitation.State",
         "RoleEnum": "apps.tenants.models.Membership.Role",
+        # Alerts: a channel's kind beside the schedule's, a rule's events beside the history's.
+        "AlertChannelKindEnum": "apps.occurrences.models.AlertChannel.Kind",
+        "AlertEventEnum": "apps.occurrences.models.AlertEvent",
+        "AlertRuleEventEnum": "apps.occurrences.serializers.RULE_EVENT_CHOICES",
+        "KindEnum": "apps.schedules.serializers.KIND_IN",
+        "AlertDeliveryStateEnum": "apps.occurrences.models.AlertDelivery.State",
     },
 }
 # Request bodies above this answer 413 (a schedule with a 64 KiB payload fits with room).
