@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from apps.occurrences import views
+from apps.occurrences import alerts_views, views
 
 urlpatterns = [
     path("", views.dashboard, name="dashboard"),
@@ -10,4 +10,32 @@ urlpatterns = [
     path("occurrences/<str:occurrence_id>/", views.occurrence_detail, name="occurrence-detail"),
     path("dlq/", views.dlq, name="dlq"),
     path("dlq/replay/", views.dlq_replay, name="dlq-replay"),
+    path("alerts/", alerts_views.alerts, name="alerts"),
+    path("alerts/channels/", alerts_views.alert_channel_add, name="alert-channel-add"),
+    path(
+        "alerts/channels/<uuid:channel_id>/toggle/",
+        alerts_views.alert_channel_toggle,
+        name="alert-channel-toggle",
+    ),
+    path(
+        "alerts/channels/<uuid:channel_id>/delete/",
+        alerts_views.alert_channel_delete,
+        name="alert-channel-delete",
+    ),
+    path(
+        "alerts/channels/<uuid:channel_id>/test/",
+        alerts_views.alert_channel_test,
+        name="alert-channel-test",
+    ),
+    path("alerts/rules/", alerts_views.alert_rule_add, name="alert-rule-add"),
+    path(
+        "alerts/rules/<uuid:rule_id>/toggle/",
+        alerts_views.alert_rule_toggle,
+        name="alert-rule-toggle",
+    ),
+    path(
+        "alerts/rules/<uuid:rule_id>/delete/",
+        alerts_views.alert_rule_delete,
+        name="alert-rule-delete",
+    ),
 ]

@@ -26,7 +26,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 class Processes:
     def __init__(self, prefix: str, tmp: Path) -> None:
-        self.tmp, self.procs = tmp, {}
+        self.tmp = tmp
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.env = {
             **os.environ, "DATABASE_URL": database_url(connection.settings_dict),
             "CELERY_BROKER_URL": settings.CELERY_BROKER_URL, "TICK_QUEUE_PREFIX": prefix,

@@ -22,7 +22,8 @@ HOOK = "https://hooks.example.com/tick"
 
 def _fields(response) -> dict[str, list[str]]:
     assert response.status_code == 400, response.content
-    return response.json()["error"]["fields"]
+    fields: dict[str, list[str]] = response.json()["error"]["fields"]
+    return fields
 
 
 def test_channel_crud(api_a, tenant_a):
