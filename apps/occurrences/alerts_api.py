@@ -6,12 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NoReturn
 
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers, status
+from rest_framework.exceptions import MethodNotAllowed
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -125,7 +126,29 @@ def _create(request: Request, make: Callable[[], tuple[int, Any]]) -> Response:
     return Response(result.body, status=result.status, headers=headers)
 
 
-class AlertChannelListCreate(APIView):
+class AlertView(APIView):
+    """Base of the alert views: the tenant doors also guard refused methods and OPTIONS, so
+    another tenant's id is a 404 whatever the method."""
+
+    def _guard(self, request: Request, kwargs: dict[str, Any]) -> None:
+        tenant = principal_of(request).tenant
+        if "channel_id" in kwargs:
+            access_channel(tenant=tenant, channel_id=kwargs["channel_id"])
+        if "rule_id" in kwargs:
+            access_rule(tenant=tenant, rule_id=kwargs["rule_id"])
+
+    def http_method_not_allowed(  # type: ignore[override]
+        self, request: Request, *args: Any, **kwargs: Any
+    ) -> NoReturn:
+        self._guard(request, kwargs)
+        raise MethodNotAllowed(request.method or "")
+
+    def options(self, request: Request, *args: Any, **kwargs: Any) -> Response:  # type: ignore[override]
+        self._guard(request, kwargs)
+        return super().options(request, *args, **kwargs)
+
+
+class AlertChannelListCreate(AlertView):
     @extend_schema(responses={200: AlertChannelSerializer(many=True), **_errors(400, *_COMMON)})
     def get(self, request: Request) -> Response:
         """The tenant's alert channels by name (at most 50 per tenant: not paginated)."""
@@ -155,7 +178,7 @@ class AlertChannelListCreate(APIView):
         return _create(request, make)
 
 
-class AlertChannelDetail(APIView):
+class AlertChannelDetail(AlertView):
     @extend_schema(responses={200: AlertChannelSerializer, **_errors(404, *_COMMON)})
     def get(self, request: Request, channel_id: Any) -> Response:
         channel = access_channel(tenant=principal_of(request).tenant, channel_id=channel_id)
@@ -188,7 +211,7 @@ class AlertChannelDetail(APIView):
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
-class AlertChannelTest(APIView):
+class AlertChannelTest(AlertView):
     @extend_schema(request=None, responses={202: TestAlertSerializer, **_errors(404, *_COMMON)})
     def post(self, request: Request, channel_id: Any) -> Response:
         """Record a test alert for the channel. The reaper's next pass sends it at once (no
@@ -203,7 +226,7 @@ class AlertChannelTest(APIView):
         )
 
 
-class AlertRuleListCreate(APIView):
+class AlertRuleListCreate(AlertView):
     @extend_schema(responses={200: AlertRuleSerializer(many=True), **_errors(400, *_COMMON)})
     def get(self, request: Request) -> Response:
         """The tenant's alert rules by event (at most 500 per tenant: not paginated)."""
@@ -233,7 +256,7 @@ class AlertRuleListCreate(APIView):
         return _create(request, make)
 
 
-class AlertRuleDetail(APIView):
+class AlertRuleDetail(AlertView):
     @extend_schema(responses={200: AlertRuleSerializer, **_errors(404, *_COMMON)})
     def get(self, request: Request, rule_id: Any) -> Response:
         rule = access_rule(tenant=principal_of(request).tenant, rule_id=rule_id)
@@ -267,7 +290,7 @@ class AlertCursor(KeysetPagination):
     field = "fired_at"
 
 
-class AlertList(APIView):
+class AlertList(AlertView):
     pagination_class = AlertCursor  # so the schema describes the paginated envelope
 
     @extend_schema(

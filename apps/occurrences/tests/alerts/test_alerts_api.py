@@ -157,6 +157,9 @@ def test_another_tenants_channel_and_rule_are_not_found(api_a, tenant_b):
         ("get", f"/api/v1/alert-rules/{their_rule.id}"),
         ("patch", f"/api/v1/alert-rules/{their_rule.id}"),
         ("delete", f"/api/v1/alert-rules/{their_rule.id}"),
+        ("put", f"/api/v1/alert-rules/{their_rule.id}"),  # a refused method: 404 first
+        ("options", f"/api/v1/alert-channels/{theirs.id}"),
+        ("get", f"/api/v1/alert-channels/{theirs.id}/test"),
     ]:
         response = getattr(api_a, method)(url, {"enabled": False}, format="json")
         assert response.status_code == 404, (method, url)
