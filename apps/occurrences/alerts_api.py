@@ -181,6 +181,7 @@ class AlertChannelListCreate(AlertView):
 class AlertChannelDetail(AlertView):
     @extend_schema(responses={200: AlertChannelSerializer, **_errors(404, *_COMMON)})
     def get(self, request: Request, channel_id: Any) -> Response:
+        """One alert channel of the tenant."""
         channel = access_channel(tenant=principal_of(request).tenant, channel_id=channel_id)
         _no_query(request)
         return Response(AlertChannelSerializer(channel).data)
@@ -259,6 +260,7 @@ class AlertRuleListCreate(AlertView):
 class AlertRuleDetail(AlertView):
     @extend_schema(responses={200: AlertRuleSerializer, **_errors(404, *_COMMON)})
     def get(self, request: Request, rule_id: Any) -> Response:
+        """One alert rule of the tenant."""
         rule = access_rule(tenant=principal_of(request).tenant, rule_id=rule_id)
         _no_query(request)
         return Response(AlertRuleSerializer(rule).data)
@@ -280,6 +282,7 @@ class AlertRuleDetail(AlertView):
 
     @extend_schema(responses={204: None, **_errors(404, *_COMMON)})
     def delete(self, request: Request, rule_id: Any) -> Response:
+        """Delete the rule with the alerts it recorded."""
         principal = principal_of(request)
         rule = access_rule(tenant=principal.tenant, rule_id=rule_id)
         rule_delete(rule=rule, actor=principal.actor)
