@@ -37,6 +37,8 @@ AT_LEAST_ONE = (
     "TICK_LOGIN_FAILURE_LIMIT",
     "TICK_BACKFILL_MAX_INSTANTS",
     "TICK_INVITATION_TTL_DAYS",
+    "TICK_ALERT_MAX_ATTEMPTS",
+    "TICK_ALERT_DIGEST_LIST_MAX",
 )
 # Durations: zero or less expires every lease at once, spins a heartbeat or re-check loop,
 # republishes every ENQUEUED occurrence at once, or is refused by the HTTP client.
@@ -62,6 +64,8 @@ POSITIVE = (
     "TICK_AUDIT_MATERIALIZE_LAG_S",
     # Zero or less: no failure would ever count, so logins would never be throttled.
     "TICK_LOGIN_COOLOFF_S",
+    "TICK_ALERT_LAG_EVERY_S",
+    "EMAIL_TIMEOUT",
 )
 # May be zero (no look-ahead, no delay, no grace before a handler's hard stop, no MISSED
 # rows, no partitions ahead), never negative.
@@ -75,6 +79,8 @@ NOT_NEGATIVE = (
     "TICK_METRICS_TOP_TENANTS",
     "TICK_SIGNING_ROTATION_OVERLAP_S",
     "TICK_SESSION_SEEN_RESOLUTION_S",
+    "TICK_ALERT_COALESCE_S",
+    "TICK_ALERT_CHANNEL_INTERVAL_S",
 )
 
 Apps = Sequence[AppConfig] | None

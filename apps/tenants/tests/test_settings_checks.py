@@ -75,6 +75,12 @@ def test_naive_datetimes_are_e002():
         ("TICK_MISSED_RECORD_LIMIT", -1, "tick.E005"),
         ("TICK_LOGIN_FAILURE_LIMIT", 0, "tick.E003"),
         ("TICK_LOGIN_COOLOFF_S", 0, "tick.E004"),
+        ("TICK_ALERT_MAX_ATTEMPTS", 0, "tick.E003"),
+        ("TICK_ALERT_DIGEST_LIST_MAX", 0, "tick.E003"),
+        ("TICK_ALERT_LAG_EVERY_S", 0, "tick.E004"),
+        ("EMAIL_TIMEOUT", 0, "tick.E004"),
+        ("TICK_ALERT_COALESCE_S", -1, "tick.E005"),
+        ("TICK_ALERT_CHANNEL_INTERVAL_S", -1, "tick.E005"),
     ],
 )
 def test_a_value_out_of_range_is_reported_under_its_id(name, value, error_id):
@@ -85,7 +91,15 @@ def test_a_value_out_of_range_is_reported_under_its_id(name, value, error_id):
     assert name in messages[0].msg
 
 
-@pytest.mark.parametrize("name", ["TICK_RELAY_LOOKAHEAD_MS", "TICK_MISSED_RECORD_LIMIT"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "TICK_RELAY_LOOKAHEAD_MS",
+        "TICK_MISSED_RECORD_LIMIT",
+        "TICK_ALERT_COALESCE_S",
+        "TICK_ALERT_CHANNEL_INTERVAL_S",
+    ],
+)
 def test_zero_is_allowed_where_only_negatives_are_refused(name):
     with override_settings(**{name: 0}):
         assert check_value_ranges() == []
