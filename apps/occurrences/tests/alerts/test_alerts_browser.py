@@ -62,6 +62,7 @@ def _fill(driver, form_id: str, values: dict[str, str]) -> None:
 
 def test_add_a_channel_and_a_rule_and_send_a_test_alert(live_server, browser, alice, tenant_a):
     from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.expected_conditions import alert_is_present
 
     driver = browser
     base = live_server.url
@@ -118,3 +119,13 @@ def test_add_a_channel_and_a_rule_and_send_a_test_alert(live_server, browser, al
     history = driver.find_element(By.CSS_SELECTOR, f"tr[data-alert='{alert.id}']").text
     assert "sent" in history and "on-call" in history
     _shot_whole_page(driver, "alerts")
+
+    # A delete asks first (static/tick/confirm.js): dismissed, nothing happens; accepted, gone.
+    lag_row = f"tr[data-rule='{rule.id}']"
+    driver.find_element(By.CSS_SELECTOR, f"{lag_row} button.danger").click()
+    _wait(driver, alert_is_present()).dismiss()
+    assert AlertRule.objects.filter(id=rule.id).exists()
+    driver.find_element(By.CSS_SELECTOR, f"{lag_row} button.danger").click()
+    _wait(driver, alert_is_present()).accept()
+    _wait(driver, lambda d: "deleted" in d.find_element(By.CSS_SELECTOR, ".messages").text)
+    assert not AlertRule.objects.filter(id=rule.id).exists()
