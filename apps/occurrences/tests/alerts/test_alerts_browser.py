@@ -15,7 +15,7 @@ from apps.occurrences.alerts.deliver import ALERT_ID_HEADER, alert_deliver
 from apps.occurrences.alerts.dispatch import group_pending
 from apps.occurrences.models import Alert, AlertChannel, AlertDelivery, AlertEvent, AlertRule
 from apps.schedules.tests.factories import make_schedule
-from apps.schedules.tests.web.test_browser import CHROMEDRIVER, CHROMIUM, SHOTS, _wait
+from apps.schedules.tests.web.test_browser import CHROMEDRIVER, CHROMIUM, SHOTS
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -34,6 +34,16 @@ def _shot_whole_page(driver, name: str) -> None:
     driver.set_window_size(1280, min(int(height) + 160, 3000))
     driver.save_screenshot(str(SHOTS / f"{name}.png"))
     driver.set_window_size(1280, 1000)
+
+
+def _wait(driver, condition, timeout: float = 20):
+    """Until `condition` holds; an element of the page being replaced after a POST-redirect
+    (stale) or of the next page not there yet only means "not yet"."""
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    ignored = (NoSuchElementException, StaleElementReferenceException)
+    return WebDriverWait(driver, timeout, ignored_exceptions=ignored).until(condition)
 
 
 def _login(driver, base: str) -> None:
