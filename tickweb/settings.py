@@ -426,15 +426,8 @@ TICK_ALERT_DIGEST_LIST_MAX = env_int("TICK_ALERT_DIGEST_LIST_MAX", 50)
 TICK_ALERT_LAG_EVERY_S = env_int("TICK_ALERT_LAG_EVERY_S", 30)
 # Links in alerts point here (the tenant UI); empty = no links.
 TICK_PUBLIC_URL = env_str("TICK_PUBLIC_URL", "http://127.0.0.1:8000")
-# E-mail alerts go through this SMTP server (Django's SMTP backend); a worker waits at most
-# EMAIL_TIMEOUT seconds for it, then the send is retried with back-off (docs/alerts.md).
-EMAIL_HOST = env_str("EMAIL_HOST", "localhost")
-EMAIL_PORT = env_int("EMAIL_PORT", 25)
-EMAIL_HOST_USER = env_str("EMAIL_HOST_USER", "")
-EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD", "")
-EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
-EMAIL_TIMEOUT = env_int("EMAIL_TIMEOUT", 10)
-DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "tick@localhost")
+# E-mail alerts go out through EMAIL_URL (the e-mail section above); a worker waits at most
+# EMAIL_TIMEOUT seconds for the server, then the send is retried with back-off (docs/alerts.md).
 
 # --- observability ----------------------------------------------------------------------
 # Who may read the web's /metrics (docs/security.md "Metrics"): requests straight from these

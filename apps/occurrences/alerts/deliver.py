@@ -118,8 +118,15 @@ def send_message(channel: AlertChannel, message: AlertMessage) -> None:
             raise TransientError(f"e-mail not accepted: {exc}") from None
         return
     body = json.dumps(message.document, separators=(",", ":"), ensure_ascii=False).encode()
-    webhook_post(url=channel.target, body=body, headers={ALERT_ID_HEADER: str(message.delivery_id),
-                 "Idempotency-Key": str(message.delivery_id)})  # fmt: skip
+    # Signed like the webhook handler's calls (docs/webhooks.md), the alert id as message id.
+    webhook_post(
+        url=channel.target,
+        body=body,
+        headers={ALERT_ID_HEADER: str(message.delivery_id),
+                 "Idempotency-Key": str(message.delivery_id)},
+        tenant_id=channel.tenant_id,
+        message_id=str(message.delivery_id),
+    )  # fmt: skip
 
 
 def alert_deliver(delivery_id: UUID, *, now: datetime | None = None) -> AlertDelivery.State | None:

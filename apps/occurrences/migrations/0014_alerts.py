@@ -4,6 +4,8 @@ import django.db.models.deletion
 import uuid
 from django.db import migrations, models
 
+from apps.tenants.rls import EnableTenantRLS
+
 
 class Migration(migrations.Migration):
 
@@ -109,4 +111,9 @@ class Migration(migrations.Migration):
             model_name='alert',
             index=models.Index(condition=models.Q(('delivery__isnull', True)), fields=['channel', 'fired_at'], name='alert_undelivered_idx'),
         ),
+        # Row-level security (docs/decisions.md "Row-level security"), as on every tenant table.
+        EnableTenantRLS("occurrences_alertchannel"),
+        EnableTenantRLS("occurrences_alertrule"),
+        EnableTenantRLS("occurrences_alertdelivery"),
+        EnableTenantRLS("occurrences_alert"),
     ]

@@ -130,7 +130,7 @@ def test_add_a_channel_and_a_rule_and_send_a_test_alert(live_server, browser, al
     assert "sent" in history and "on-call" in history
     _shot_whole_page(driver, "alerts")
 
-    # A delete asks first (static/tick/confirm.js): dismissed, nothing happens; accepted, gone.
+    # A delete asks first (data-confirm, tick.js): dismissed, nothing happens; accepted, gone.
     lag_row = f"tr[data-rule='{rule.id}']"
     driver.find_element(By.CSS_SELECTOR, f"{lag_row} button.danger").click()
     _wait(driver, alert_is_present()).dismiss()
