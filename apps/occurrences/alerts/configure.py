@@ -4,6 +4,7 @@ the tenant's account log), and the "send test alert" operation."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,7 +57,9 @@ def access_rule(*, tenant: Tenant, rule_id: uuid.UUID | str) -> AlertRule:
         raise Http404("No such alert rule.") from None
 
 
-def channel_target_errors(kind: str, target: str) -> list[str]:
+def channel_target_errors(
+    kind: str, target: str, *, extra_ports: Collection[int] = ()
+) -> list[str]:
     """Why `target` cannot be used for a channel of `kind` ([] = it can). A webhook URL goes
     through the same SSRF guard as the webhook handler (again at every send)."""
     if kind == AlertChannel.Kind.EMAIL:
@@ -67,7 +70,7 @@ def channel_target_errors(kind: str, target: str) -> list[str]:
         return []
     if kind == AlertChannel.Kind.WEBHOOK:
         try:
-            check_url(target, allowlist=allowlist())
+            check_url(target, allowlist=allowlist(), extra_ports=extra_ports)
         except SSRFRefused as exc:
             return [str(exc)]
         return []
@@ -92,18 +95,19 @@ class RuleSpec:
     enabled: bool = True
 
 
-def _check_channel(spec: ChannelSpec) -> None:
+def _check_channel(spec: ChannelSpec, tenant: Tenant) -> None:
     errors: dict[str, list[str]] = {}
     if not spec.name.strip() or len(spec.name) > 100:
         errors["name"] = ["Give a name of 1 to 100 characters."]
-    if target_errors := channel_target_errors(spec.kind, spec.target):
+    ports = tenant.webhook_allowed_ports  # 80/443 and these, as for the webhook handler
+    if target_errors := channel_target_errors(spec.kind, spec.target, extra_ports=ports):
         errors["kind" if spec.kind not in AlertChannel.Kind.values else "target"] = target_errors
     if errors:
         raise AlertConfigError(errors)
 
 
 def channel_create(*, tenant: Tenant, spec: ChannelSpec, actor: str) -> AlertChannel:
-    _check_channel(spec)
+    _check_channel(spec, tenant)
     with transaction.atomic():
         Tenant.objects.select_for_update().get(id=tenant.id)  # serialises the count check
         if AlertChannel.objects.filter(tenant=tenant).count() >= MAX_CHANNELS_PER_TENANT:
@@ -118,7 +122,7 @@ def channel_create(*, tenant: Tenant, spec: ChannelSpec, actor: str) -> AlertCha
 
 
 def channel_update(*, channel: AlertChannel, spec: ChannelSpec, actor: str) -> AlertChannel:
-    _check_channel(spec)
+    _check_channel(spec, channel.tenant)
     with transaction.atomic():
         channel.name, channel.kind, channel.target = spec.name.strip(), spec.kind, spec.target
         channel.enabled = spec.enabled

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.utils import timezone
 
@@ -22,6 +23,11 @@ from apps.tenants.models import Tenant
 
 
 def channel(tenant: Tenant, target: str, kind: str = AlertChannel.Kind.EMAIL) -> AlertChannel:
+    if kind == AlertChannel.Kind.WEBHOOK:  # a local receiver's port, opened for the tenant
+        port = urlsplit(target).port
+        if port and port not in tenant.webhook_allowed_ports:
+            tenant.webhook_allowed_ports = [*tenant.webhook_allowed_ports, port]
+            tenant.save(update_fields=["webhook_allowed_ports"])
     return channel_create(
         tenant=tenant, spec=ChannelSpec(name=target[:100], kind=kind, target=target), actor="t"
     )
