@@ -170,6 +170,9 @@ if not SECRET_KEY:
         raise ImproperlyConfigured("SECRET_KEY must be set when DJANGO_DEBUG is off")
     # Development only: DEBUG on and no key given.
     SECRET_KEY = "django-insecure-development-only-key"  # noqa: S105
+# Earlier keys still accepted while sessions and derived keys move to the new one
+# (docs/security.md "Rotating keys and secrets"); comma-separated.
+SECRET_KEY_FALLBACKS = env_list("SECRET_KEY_FALLBACKS", [])
 # Webhook signing secrets are stored encrypted (apps/tenants/signing.py, docs/webhooks.md):
 # comma-separated Fernet keys; the first encrypts, every one decrypts (add a new key first to
 # rotate). Empty: a key derived from SECRET_KEY (and SECRET_KEY_FALLBACKS) is used. Those
