@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -33,6 +34,14 @@ def _forget_presence_caches() -> Iterator[None]:
     yield
     presence.capacity_forget()
     presence.contention_forget()
+
+
+@pytest.fixture
+def partitions_around_today(db: Any) -> None:
+    """Yesterday's, today's and tomorrow's occurrence partitions, as the materializer keeps
+    them: a web request (the restricted role) may not create tables."""
+    today = datetime.now(UTC).date()
+    partitions.partitions_ensure([today - timedelta(days=1), today, today + timedelta(days=1)])
 
 
 @pytest.fixture

@@ -28,7 +28,7 @@ import uuid
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -38,11 +38,16 @@ from django.utils import timezone
 from apps.occurrences.execution.locks import overlap_lookback
 from apps.occurrences.models import OCCURRENCE_NAMESPACE, Lane, Occurrence
 from apps.occurrences.pipeline.bulk import text_array
-from apps.occurrences.pipeline.partitions import partitions_ensure, partitions_missing
+from apps.occurrences.pipeline.partitions import (
+    partitions_absent,
+    partitions_ensure,
+    partitions_missing,
+)
 from apps.schedules import timerules
 from apps.schedules.errors import LifecycleError, StateConflict
 from apps.schedules.models import Schedule, ScheduleEvent
 from apps.schedules.services import lock_schedule, log_event
+from apps.tenants import rls
 
 ONE_MICROSECOND = timedelta(microseconds=1)
 # A receipt lists at most this many occurrence ids (its counts are always complete).
@@ -91,6 +96,29 @@ _IN_FLIGHT = (
 class BackfillTooLarge(LifecycleError):
     status = 400
     code = "backfill_too_large"
+
+
+class NoStorageForDay(LifecycleError):
+    """An instant falls on a day Tick keeps no occurrence partition for (before its stored
+    history, or today's not created yet because the materializer is not running)."""
+
+    status = 409
+    code = "no_partition"
+
+
+def _partitions_ready(days: set[date]) -> None:
+    """The days' partitions exist. A web request (row-level security active) may not create
+    tables: a missing day is refused; the engine's own callers create it."""
+    missing = partitions_missing(days)
+    if not missing:
+        return
+    if not rls.active():
+        partitions_ensure(missing)
+        return
+    absent = partitions_absent(missing)
+    if absent:
+        listed = ", ".join(str(day) for day in sorted(absent)[:5])
+        raise NoStorageForDay(f"Tick keeps no occurrences for {listed}: nothing can run there.")
 
 
 def run_now_occurrence_id(schedule_id: uuid.UUID, request_id: str) -> uuid.UUID:
@@ -237,8 +265,7 @@ def schedule_run_now(
     5. Log RUN_NOW with the actor, the request id and the outcome.
     """
     now = now or timezone.now()
-    if partitions_missing([now.date()]):
-        partitions_ensure([now.date()])
+    _partitions_ready({now.date()})
     occurrence_id = run_now_occurrence_id(schedule.id, request_id)
     with transaction.atomic():
         locked = lock_schedule(schedule)
@@ -372,7 +399,7 @@ def schedule_backfill(
     now = now or timezone.now()
     instants = backfill_instants(schedule=schedule, start=start, end=end)
     if not dry_run and instants:
-        partitions_ensure(partitions_missing(instant.date() for instant in instants))
+        _partitions_ready({instant.date() for instant in instants})
     with transaction.atomic():
         locked = schedule if dry_run else lock_schedule(schedule)
         _refuse_canceled(locked, "be backfilled")

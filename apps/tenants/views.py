@@ -331,7 +331,7 @@ def activity(request: HttpRequest) -> HttpResponse:
     tick = tick_of(request)
     events = TenantEvent.objects.filter(tenant=tick.tenant).order_by("-at", "-id")
     before = request.GET.get("before", "")
-    if before.isdigit():
+    if before.isascii() and before.isdigit() and len(before) <= 18:  # a bigint, or ignored
         events = events.filter(id__lt=int(before))
     page = list(events[: ACTIVITY_PAGE + 1])
     older = page[ACTIVITY_PAGE - 1].id if len(page) > ACTIVITY_PAGE else None

@@ -86,6 +86,26 @@ def _create(cursor: CursorWrapper, name: str, table: str, start: datetime, end: 
         raise
 
 
+def partitions_absent(days: Iterable[date]) -> set[date]:
+    """Days whose partitions do not exist, checked without DDL (for a process that may not
+    create tables: a web request runs as the restricted web role); present days are
+    remembered like created ones."""
+    absent: set[date] = set()
+    with connection.cursor() as cursor:
+        for day in sorted(set(days) - _known_days):
+            names = [partition_name(table, day) for table in PARTITIONED_TABLES]
+            cursor.execute(
+                "SELECT bool_and(to_regclass(n) IS NOT NULL) FROM unnest(%s::text[]) AS n",
+                [names],
+            )
+            row = cursor.fetchone()
+            if row and row[0]:
+                _known_days.add(day)
+            else:
+                absent.add(day)
+    return absent
+
+
 def partitions_missing(days: Iterable[date]) -> set[date]:
     """Days not known to have partitions in this process (cheap: no query)."""
     return set(days) - _known_days

@@ -285,4 +285,4 @@ def test_the_web_receipt_of_resume_shows_the_restored_instants(
     page = resumed.content.decode()
     assert "<strong>2</strong> instants the pause had canceled scheduled again" in page
     restored_id = occurrence_id_for(schedule.id, 1, at(1))
-    assert f'<a href="/occurrences/{restored_id}/">2026-12-02 12:01:00</a>' in page
+    assert f'<a href="/occurrences/{restored_id}/">2026-12-02 12:01:00 UTC</a>' in page

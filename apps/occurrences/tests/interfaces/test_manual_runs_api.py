@@ -16,7 +16,7 @@ from apps.occurrences.models import DispatchOutbox, Lane, Occurrence
 from apps.occurrences.tests.support import rows
 from apps.schedules.models import Schedule, ScheduleEvent
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("partitions_around_today")]
 
 
 def _run(api: Any, schedule: Schedule, body: Any = None, **headers: str) -> Any:

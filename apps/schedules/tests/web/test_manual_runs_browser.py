@@ -24,6 +24,7 @@ from apps.schedules.tests.web.test_browser import (  # noqa: F401 (the browser f
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("partitions_around_today"),
     pytest.mark.skipif(
         not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)),
         reason="needs Debian's chromium and chromium-driver (make browsers)",

@@ -11,7 +11,7 @@ from django.utils import timezone
 from apps.occurrences.models import Occurrence
 from apps.occurrences.tests.support import rows
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("partitions_around_today")]
 
 
 def _hour(hours_ago: int) -> datetime:
