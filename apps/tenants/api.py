@@ -7,6 +7,7 @@ rotate answer, which no cache may keep (`Cache-Control: no-store`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from django.utils import timezone
@@ -124,7 +125,9 @@ class SigningSecretRotate(APIView):
         """Create a new signing secret; the current one keeps signing beside it until it
         expires (`previous_expires_in_s`, default 24 h) or is revoked. The new raw secret is in
         this answer only (`Cache-Control: no-store`)."""
-        body = RotateRequestSerializer(data=request.data if request.data else {})
+        # No body means the defaults; a JSON body must be an object (`null` is refused).
+        sent = request.data
+        body = RotateRequestSerializer(data={} if isinstance(sent, Mapping) and not sent else sent)
         body.is_valid(raise_exception=True)
         principal = principal_of(request)
         row, raw = signing_secret_rotate(
