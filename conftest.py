@@ -37,6 +37,15 @@ def _forget_presence_caches() -> Iterator[None]:
 
 
 @pytest.fixture
+def browser() -> Iterator[Any]:
+    """A headless Chromium for the web UI's browser tests (apps/tenants/tests/browser.py)."""
+    from apps.tenants.tests.browser import chromium_driver
+
+    with chromium_driver() as driver:
+        yield driver
+
+
+@pytest.fixture
 def partitions_around_today(db: Any) -> None:
     """Yesterday's, today's and tomorrow's occurrence partitions, as the materializer keeps
     them: a web request (the restricted role) may not create tables."""

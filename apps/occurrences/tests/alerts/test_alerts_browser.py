@@ -15,14 +15,11 @@ from apps.occurrences.alerts.deliver import ALERT_ID_HEADER, alert_deliver
 from apps.occurrences.alerts.dispatch import group_pending
 from apps.occurrences.models import Alert, AlertChannel, AlertDelivery, AlertEvent, AlertRule
 from apps.schedules.tests.factories import make_schedule
-from apps.schedules.tests.web.test_browser import CHROMEDRIVER, CHROMIUM, SHOTS
+from apps.tenants.tests.browser import NEEDS_CHROMIUM, SHOTS
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(
-        not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)),
-        reason="needs Debian's chromium and chromium-driver (make browsers)",
-    ),
+    NEEDS_CHROMIUM,
 ]
 
 

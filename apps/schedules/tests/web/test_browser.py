@@ -6,60 +6,22 @@ the DLQ page. With TICK_SCREENSHOTS=1 the main pages are saved under docs/screen
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 import uuid
-from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
-from django.conf import settings
 from django.utils import timezone
 
 from apps.occurrences.models import Attempt, Occurrence
 from apps.occurrences.tests.support.rows import occurrence, schedule, state_of
 from apps.schedules.models import Schedule
-
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
-SHOTS = settings.BASE_DIR / "docs" / "screenshots"
+from apps.tenants.tests.browser import NEEDS_CHROMIUM, SHOTS
+from apps.tenants.tests.browser import wait as _wait
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(
-        not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)),
-        reason="needs Debian's chromium and chromium-driver (make browsers)",
-    ),
+    NEEDS_CHROMIUM,
 ]
-
-
-@pytest.fixture
-def browser() -> Iterator[object]:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    profile = tempfile.mkdtemp(prefix="tick-chromium-")
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in (
-        "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync",
-        "--disable-dev-shm-usage", f"--user-data-dir={profile}", "--window-size=1280,1000",
-    ):  # fmt: skip
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    driver.implicitly_wait(0)
-    try:
-        yield driver
-    finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
-
-
-def _wait(driver, condition, timeout=10):
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    return WebDriverWait(driver, timeout).until(condition)
 
 
 def _shot(driver, name: str, *, width: int = 1280) -> None:

@@ -13,22 +13,14 @@ from django.utils import timezone
 
 from apps.occurrences.models import Occurrence
 from apps.occurrences.tests.support import rows
-from apps.schedules.tests.web.test_browser import (  # noqa: F401 (the browser fixture)
-    CHROMEDRIVER,
-    CHROMIUM,
-    SHOTS,
-    _login,
-    _wait,
-    browser,
-)
+from apps.schedules.tests.web.test_browser import _login
+from apps.tenants.tests.browser import NEEDS_CHROMIUM, SHOTS
+from apps.tenants.tests.browser import wait as _wait
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
     pytest.mark.usefixtures("partitions_around_today"),
-    pytest.mark.skipif(
-        not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)),
-        reason="needs Debian's chromium and chromium-driver (make browsers)",
-    ),
+    NEEDS_CHROMIUM,
 ]
 
 

@@ -5,58 +5,20 @@ page and the invitation accept page are saved under docs/screenshots/."""
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
-from collections.abc import Iterator
 
 import pytest
-from django.conf import settings
 from django.core import mail
 
 from apps.tenants.members import invitation_create
 from apps.tenants.models import Membership
+from apps.tenants.tests.browser import NEEDS_CHROMIUM, SHOTS
+from apps.tenants.tests.browser import wait as _wait
 from apps.tenants.tests.mails import link_in
-
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
-SHOTS = settings.BASE_DIR / "docs" / "screenshots"
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(
-        not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)),
-        reason="needs Debian's chromium and chromium-driver (make browsers)",
-    ),
+    NEEDS_CHROMIUM,
 ]
-
-
-@pytest.fixture
-def browser() -> Iterator[object]:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    profile = tempfile.mkdtemp(prefix="tick-chromium-")
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in (
-        "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync",
-        "--disable-dev-shm-usage", f"--user-data-dir={profile}", "--window-size=1280,1000",
-    ):  # fmt: skip
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    driver.implicitly_wait(0)
-    try:
-        yield driver
-    finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
-
-
-def _wait(driver, condition, timeout=10):
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    return WebDriverWait(driver, timeout).until(condition)
 
 
 def _shot(driver, name: str, *, width: int = 1280) -> None:

@@ -4,9 +4,6 @@ with no CSP violation in the browser console, and the header is on each response
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -17,16 +14,12 @@ from django.utils import timezone
 from apps.occurrences.models import Occurrence
 from apps.occurrences.tests.support.rows import occurrence, schedule
 from apps.tenants.models import Tenant
-
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
+from apps.tenants.tests.browser import NEEDS_CHROMIUM, chromium_driver
+from apps.tenants.tests.browser import wait as _wait
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(
-        not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)),
-        reason="needs Debian's chromium and chromium-driver (make browsers)",
-    ),
+    NEEDS_CHROMIUM,
 ]
 
 # Recorded from the first script of every document, before any page script runs.
@@ -41,32 +34,10 @@ document.addEventListener('securitypolicyviolation', function (e) {
 
 @pytest.fixture
 def browser() -> Iterator[Any]:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    profile = tempfile.mkdtemp(prefix="tick-chromium-")
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in (
-        "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync",
-        "--disable-dev-shm-usage", f"--user-data-dir={profile}", "--window-size=1280,1000",
-    ):  # fmt: skip
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": RECORDER})
-    try:
+    """Chromium with its console kept, and the CSP violation recorder in every page."""
+    with chromium_driver(console_log=True) as driver:
+        driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": RECORDER})
         yield driver
-    finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
-
-
-def _wait(driver: Any, condition: Any, timeout: float = 10) -> Any:
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    return WebDriverWait(driver, timeout).until(condition)
 
 
 def _violations(driver: Any) -> list[str]:

@@ -1,0 +1,57 @@
+"""Headless Debian Chromium for the web UI's browser tests (docs/ui.md): the binaries, the
+mark that skips without them, one way to start a driver, and a wait. The `browser` fixture
+(conftest.py) is built on `chromium_driver`."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from django.conf import settings
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+SHOTS = settings.BASE_DIR / "docs" / "screenshots"
+
+NEEDS_CHROMIUM = pytest.mark.skipif(
+    not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)),
+    reason="needs Debian's chromium and chromium-driver (make browsers)",
+)
+
+
+@contextmanager
+def chromium_driver(*, console_log: bool = False) -> Iterator[Any]:
+    """A headless Chromium on a throw-away profile; `console_log` keeps the browser console
+    for `driver.get_log("browser")`."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    profile = tempfile.mkdtemp(prefix="tick-chromium-")
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in (
+        "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync",
+        "--disable-dev-shm-usage", f"--user-data-dir={profile}", "--window-size=1280,1000",
+    ):  # fmt: skip
+        options.add_argument(flag)
+    if console_log:
+        options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver.implicitly_wait(0)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+def wait(driver: Any, condition: Any, timeout: float = 10) -> Any:
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(driver, timeout).until(condition)
