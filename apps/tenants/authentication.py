@@ -13,7 +13,7 @@ from rest_framework import authentication, exceptions, permissions
 from rest_framework.request import Request
 
 from apps.tenants import rls
-from apps.tenants.models import ApiKey, Tenant
+from apps.tenants.models import ApiKey, Membership, Tenant
 from apps.tenants.services import hash_api_key
 
 # last_used_at is refreshed at most this often, so a busy key does not write every request.
@@ -73,8 +73,22 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
 
 
 class IsTenantAuthenticated(permissions.BasePermission):
+    """A tenant's API key; only an admin key changes anything (docs/api.md "Keys and roles").
+
+    A view that must answer 404 for another tenant's id before the role's 403 sets
+    `checks_key_role = True` and checks the role itself after its tenant door."""
+
     def has_permission(self, request: Request, view: Any) -> bool:
-        return isinstance(request.user, TenantPrincipal)
+        principal = request.user
+        if not isinstance(principal, TenantPrincipal):
+            return False
+        if request.method in permissions.SAFE_METHODS or getattr(view, "checks_key_role", False):
+            return True
+        if principal.api_key.role != Membership.Role.ADMIN:
+            raise exceptions.PermissionDenied(
+                "This API key has the viewer role: it reads and changes nothing. Use an admin key."
+            )
+        return True
 
 
 class ApiKeyAuthenticationScheme(OpenApiAuthenticationExtension):  # type: ignore[no-untyped-call]

@@ -113,6 +113,8 @@ def _maybe_idempotent(request: Request, call: Callable[[], tuple[int, Any]]) -> 
 
 
 class MemberList(APIView):
+    checks_key_role = True  # the tenant door's 404 comes before the role's 403 (`_admin`)
+
     @extend_schema(responses={200: MemberSerializer(many=True), **_errors(400, *_COMMON)})
     def get(self, request: Request) -> Response:
         """The tenant's members (people with a web login), by username."""
@@ -122,6 +124,8 @@ class MemberList(APIView):
 
 
 class MemberDetail(APIView):
+    checks_key_role = True  # the tenant door's 404 comes before the role's 403 (`_admin`)
+
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
         super().initial(request, *args, **kwargs)
         # The tenant door before anything else, for every method (404 over 405/403).
@@ -158,6 +162,8 @@ class MemberDetail(APIView):
 
 
 class InvitationListCreate(APIView):
+    checks_key_role = True  # the tenant door's 404 comes before the role's 403 (`_admin`)
+
     @extend_schema(responses={200: InvitationSerializer(many=True), **_errors(400, *_COMMON)})
     def get(self, request: Request) -> Response:
         """The tenant's invitations, newest first, in every state (pending, expired,
@@ -191,6 +197,8 @@ class InvitationListCreate(APIView):
 
 
 class InvitationDetail(APIView):
+    checks_key_role = True  # the tenant door's 404 comes before the role's 403 (`_admin`)
+
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
         super().initial(request, *args, **kwargs)
         access_invitation(

@@ -54,7 +54,7 @@ def api_key_create(
     role: Membership.Role = Membership.Role.ADMIN,
 ) -> tuple[ApiKey, str]:
     """Create a key; returns the row and the raw key, which is never retrievable again.
-    A viewer key reads the account API (members, invitations) and changes nothing there."""
+    A viewer key reads every API route and changes nothing (docs/api.md "Keys and roles")."""
     raw = KEY_PREFIX + secrets.token_urlsafe(32)
     key = ApiKey.objects.create(
         tenant=tenant,

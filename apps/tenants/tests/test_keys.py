@@ -102,3 +102,36 @@ def test_check_deploy_is_clean_under_production_settings():
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
     assert "security." not in output, output
+
+
+def test_a_viewer_key_reads_every_route_and_changes_nothing(tenant_a):
+    from rest_framework.test import APIClient
+
+    from apps.schedules.models import Schedule
+    from apps.schedules.tests.factories import make_schedule
+    from apps.tenants.models import Membership
+    from apps.tenants.services import api_key_create
+
+    sched = make_schedule(tenant_a)
+    _, raw = api_key_create(tenant=tenant_a, name="dashboards", role=Membership.Role.VIEWER)
+    viewer = APIClient()
+    viewer.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
+
+    assert viewer.get("/api/v1/schedules").status_code == 200
+    assert viewer.get(f"/api/v1/schedules/{sched.id}").status_code == 200
+    body = {"name": "x", "kind": "cron", "expression": "0 * * * *", "time_zone": "UTC",
+            "handler": "noop"}  # fmt: skip
+    changes = [
+        viewer.post("/api/v1/schedules", body, format="json"),
+        viewer.post(f"/api/v1/schedules/{sched.id}/pause"),
+        viewer.patch(f"/api/v1/schedules/{sched.id}", {"name": "y"}, format="json"),
+        viewer.post(f"/api/v1/schedules/{sched.id}/run"),
+        viewer.post("/api/v1/signing-secrets/rotate"),
+        viewer.post("/api/v1/alert-channels", {"name": "a", "kind": "email",
+                                                "target": "a@example.com"}, format="json"),
+    ]  # fmt: skip
+    assert [r.status_code for r in changes] == [403] * len(changes)
+    assert changes[0].json()["error"]["code"] == "permission_denied"
+    sched.refresh_from_db()
+    assert sched.state == Schedule.State.ACTIVE and sched.name != "y"
+    assert Schedule.objects.filter(tenant=tenant_a).count() == 1
