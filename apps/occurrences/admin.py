@@ -4,6 +4,7 @@ from datetime import timedelta
 
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied, ValidationError
+from django.db import transaction
 from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
@@ -19,8 +20,9 @@ from apps.occurrences.models import (
     WorkerPresence,
 )
 from apps.occurrences.selectors import parse_instant
-from apps.tenants.admin_base import TickModelAdmin
-from apps.tenants.models import Tenant
+from apps.tenants.admin_base import TickModelAdmin, staff_actor
+from apps.tenants.models import Tenant, TenantEvent
+from apps.tenants.services import log_tenant_event
 
 # Occurrence and Attempt have composite primary keys (id, scheduled_for), which Django 5.2's
 # admin refuses to register: support staff use the occurrence browser views at the end of
@@ -177,8 +179,17 @@ def occurrence_admin_replay(request: HttpRequest) -> HttpResponse:
     for occ_id, tenant_id in Occurrence.objects.filter(id__in=ids).values_list("id", "tenant_id"):
         by_tenant.setdefault(tenant_id, []).append(occ_id)
     replayed, not_dead = 0, 0
+    actor = staff_actor(request)
     for tenant_id, tenant_ids in by_tenant.items():
-        result = occurrences_replay(tenant_id=tenant_id, occurrence_ids=tenant_ids)
+        with transaction.atomic():  # the replay and its record in the tenant's event log
+            result = occurrences_replay(tenant_id=tenant_id, occurrence_ids=tenant_ids)
+            if result.replayed:
+                log_tenant_event(
+                    tenant=Tenant.objects.get(id=tenant_id),
+                    kind=TenantEvent.Kind.OCCURRENCES_REPLAYED,
+                    actor=actor,
+                    occurrences=[str(i) for i in result.replayed],
+                )
         replayed += len(result.replayed)
         not_dead += len(result.not_dead)
     messages.success(request, f"Replayed {replayed}; {not_dead} were not DEAD and were left alone.")

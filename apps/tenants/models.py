@@ -166,6 +166,7 @@ class TenantEvent(models.Model):
         SIGNING_SECRET_REVOKED = "signing_secret_revoked", "Signing secret revoked"
         ALERT_CHANNEL_CHANGED = "alert_channel_changed", "Alert channel changed"
         ALERT_RULE_CHANGED = "alert_rule_changed", "Alert rule changed"
+        OCCURRENCES_REPLAYED = "occurrences_replayed", "Occurrences replayed by support"
 
     id = models.BigAutoField(primary_key=True)
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="events")

@@ -116,6 +116,21 @@ def test_view_only_staff_cannot_revoke_keys_or_replay(viewer: Client, tenant_a: 
     assert not TenantEvent.objects.exists()
 
 
+def test_a_support_replay_is_logged_in_the_tenants_event_log(
+    support: Client, tenant_a: Tenant
+) -> None:
+    dead = occurrence(schedule(tenant_a), timezone.now() - timedelta(minutes=5),
+                      state=Occurrence.State.DEAD)  # fmt: skip
+
+    response = support.post("/admin/occurrences/browse/replay/", {"ids": [str(dead.id)]})
+
+    assert response.status_code == 302
+    assert state_of(dead) != Occurrence.State.DEAD
+    event = TenantEvent.objects.get(tenant=tenant_a)
+    assert event.kind == TenantEvent.Kind.OCCURRENCES_REPLAYED
+    assert event.actor == "support:sam" and event.detail["occurrences"] == [str(dead.id)]
+
+
 def test_revoke_action_is_logged_once_per_key(support: Client, tenant_a: Tenant) -> None:
     key, _ = api_key_create(tenant=tenant_a, name="ci")
 
