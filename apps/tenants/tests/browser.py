@@ -52,6 +52,10 @@ def chromium_driver(*, console_log: bool = False) -> Iterator[Any]:
 
 
 def wait(driver: Any, condition: Any, timeout: float = 10) -> Any:
+    """Until `condition` holds; an element htmx swapped out while it was read (stale) counts
+    as not yet."""
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.support.ui import WebDriverWait
 
-    return WebDriverWait(driver, timeout).until(condition)
+    ignored = [StaleElementReferenceException]
+    return WebDriverWait(driver, timeout, ignored_exceptions=ignored).until(condition)
