@@ -15,7 +15,7 @@ from django.utils.safestring import SafeString, mark_safe
 
 from apps.occurrences.models import Occurrence
 from apps.schedules.services import QUOTA_STATES
-from apps.tenants.admin_base import TickModelAdmin, staff_actor
+from apps.tenants.admin_base import ReadOnlyTickModelAdmin, TickModelAdmin, staff_actor
 from apps.tenants.models import (
     ApiKey,
     Invitation,
@@ -183,7 +183,7 @@ class ApiKeyAdmin(TickModelAdmin[ApiKey]):
 
 
 @admin.register(TenantEvent)
-class TenantEventAdmin(TickModelAdmin[TenantEvent]):
+class TenantEventAdmin(ReadOnlyTickModelAdmin[TenantEvent]):
     """The account audit log, read-only: it is written only by the services that act."""
 
     list_display = ["at", "tenant", "kind", "actor", "detail"]
@@ -195,18 +195,9 @@ class TenantEventAdmin(TickModelAdmin[TenantEvent]):
     fields = ["at", "tenant", "kind", "actor", "detail"]
     readonly_fields = ["at", "tenant", "kind", "actor", "detail"]
 
-    def has_add_permission(self, request: object) -> bool:
-        return False
-
-    def has_change_permission(self, request: object, obj: object = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: object, obj: object = None) -> bool:
-        return False
-
 
 @admin.register(SigningSecret)
-class SigningSecretAdmin(TickModelAdmin[SigningSecret]):
+class SigningSecretAdmin(ReadOnlyTickModelAdmin[SigningSecret]):
     """Read-only for support staff: which secrets a tenant has and when they rotated. The
     encrypted secret is never shown; tenants rotate and revoke themselves (docs/webhooks.md)."""
 
@@ -217,18 +208,9 @@ class SigningSecretAdmin(TickModelAdmin[SigningSecret]):
     fields = ["tenant", "prefix", "created_at", "expires_at", "revoked_at"]
     readonly_fields = ["tenant", "prefix", "created_at", "expires_at", "revoked_at"]
 
-    def has_add_permission(self, request: object) -> bool:
-        return False
-
-    def has_change_permission(self, request: object, obj: object = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: object, obj: object = None) -> bool:
-        return False
-
 
 @admin.register(Invitation)
-class InvitationAdmin(TickModelAdmin[Invitation]):
+class InvitationAdmin(ReadOnlyTickModelAdmin[Invitation]):
     """Read-only for support: tenants' admins invite, re-send and revoke in their own UI
     (apps/tenants/members.py, audited there). The token hash is never shown."""
 
@@ -240,12 +222,3 @@ class InvitationAdmin(TickModelAdmin[Invitation]):
     fields = ("tenant", "email", "role", "invited_by", "created_at", "sent_at", "expires_at",
               "accepted_at", "accepted_by", "revoked_at")  # fmt: skip
     readonly_fields = fields
-
-    def has_add_permission(self, request: object) -> bool:
-        return False
-
-    def has_change_permission(self, request: object, obj: object = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: object, obj: object = None) -> bool:
-        return False

@@ -37,3 +37,17 @@ class TickModelAdmin(admin.ModelAdmin[M]):
             if name in known and name not in self.get_actions(request):
                 raise PermissionDenied(f"You may not run {name!r} here.")
         return super().changelist_view(request, extra_context)
+
+
+class ReadOnlyTickModelAdmin(TickModelAdmin[M]):
+    """Records support staff may look at but never add, change or delete (audit logs, secrets
+    and invitations the tenants manage themselves)."""
+
+    def has_add_permission(self, request: object) -> bool:
+        return False
+
+    def has_change_permission(self, request: object, obj: object = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: object, obj: object = None) -> bool:
+        return False
