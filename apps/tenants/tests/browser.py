@@ -59,3 +59,32 @@ def wait(driver: Any, condition: Any, timeout: float = 10) -> Any:
 
     ignored = [StaleElementReferenceException]
     return WebDriverWait(driver, timeout, ignored_exceptions=ignored).until(condition)
+
+
+def page_shot(driver: Any, name: str, *, width: int = 1280) -> None:
+    """With TICK_SCREENSHOTS=1, the whole page as docs/screenshots/<name>.png (the window grows
+    past the document: its frame takes some height)."""
+    if os.environ.get("TICK_SCREENSHOTS") != "1":
+        return
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    driver.set_window_size(width, 1000)
+    height = driver.execute_script("return document.documentElement.scrollHeight")
+    driver.set_window_size(width, min(max(int(height) + 160, 500), 3000))
+    driver.save_screenshot(str(SHOTS / f"{name}.png"))
+    driver.set_window_size(1280, 1000)
+
+
+def log_in(
+    driver: Any, base: str, username: str, password: str, *, shot: str | None = None
+) -> None:
+    """Sign in on the tenant login page and land on the dashboard; `shot` screenshots the
+    login page first."""
+    from selenium.webdriver.common.by import By
+
+    driver.get(f"{base}/login/")
+    if shot:
+        page_shot(driver, shot, width=420)
+    driver.find_element(By.NAME, "username").send_keys(username)
+    driver.find_element(By.NAME, "password").send_keys(password)
+    driver.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+    wait(driver, lambda d: d.current_url.rstrip("/") == base)

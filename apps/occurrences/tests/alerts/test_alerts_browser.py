@@ -5,7 +5,7 @@ TICK_SCREENSHOTS=1 the page is saved as docs/screenshots/alerts.png."""
 
 from __future__ import annotations
 
-import os
+import functools
 
 import pytest
 from django.core import mail
@@ -15,42 +15,15 @@ from apps.occurrences.alerts.deliver import ALERT_ID_HEADER, alert_deliver
 from apps.occurrences.alerts.dispatch import group_pending
 from apps.occurrences.models import Alert, AlertChannel, AlertDelivery, AlertEvent, AlertRule
 from apps.schedules.tests.factories import make_schedule
-from apps.tenants.tests.browser import NEEDS_CHROMIUM, SHOTS
+from apps.tenants.tests.browser import NEEDS_CHROMIUM, log_in, page_shot, wait
+
+# Pages behind POST-redirects take a while on a loaded machine.
+_wait = functools.partial(wait, timeout=20)
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
     NEEDS_CHROMIUM,
 ]
-
-
-def _shot_whole_page(driver, name: str) -> None:
-    """The whole page: the window grows past the document (its frame takes some height)."""
-    if os.environ.get("TICK_SCREENSHOTS") != "1":
-        return
-    height = driver.execute_script("return document.documentElement.scrollHeight")
-    driver.set_window_size(1280, min(int(height) + 160, 3000))
-    driver.save_screenshot(str(SHOTS / f"{name}.png"))
-    driver.set_window_size(1280, 1000)
-
-
-def _wait(driver, condition, timeout: float = 20):
-    """Until `condition` holds; an element of the page being replaced after a POST-redirect
-    (stale) or of the next page not there yet only means "not yet"."""
-    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    ignored = (NoSuchElementException, StaleElementReferenceException)
-    return WebDriverWait(driver, timeout, ignored_exceptions=ignored).until(condition)
-
-
-def _login(driver, base: str) -> None:
-    from selenium.webdriver.common.by import By
-
-    driver.get(f"{base}/login/")
-    driver.find_element(By.NAME, "username").send_keys("alice")
-    driver.find_element(By.NAME, "password").send_keys("pw-alice-123")
-    driver.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
-    _wait(driver, lambda d: d.current_url.rstrip("/") == base)
 
 
 def _fill(driver, form_id: str, values: dict[str, str]) -> None:
@@ -74,7 +47,7 @@ def test_add_a_channel_and_a_rule_and_send_a_test_alert(live_server, browser, al
     driver = browser
     base = live_server.url
     job = make_schedule(tenant_a, name="nightly export")
-    _login(driver, base)
+    log_in(driver, base, "alice", "pw-alice-123")
     driver.find_element(By.LINK_TEXT, "Alerts").click()
     _wait(driver, lambda d: d.find_elements(By.ID, "channel-form"))
 
@@ -125,7 +98,7 @@ def test_add_a_channel_and_a_rule_and_send_a_test_alert(live_server, browser, al
     driver.get(f"{base}/alerts/")
     history = driver.find_element(By.CSS_SELECTOR, f"tr[data-alert='{alert.id}']").text
     assert "sent" in history and "on-call" in history
-    _shot_whole_page(driver, "alerts")
+    page_shot(driver, "alerts")
 
     # A delete asks first (data-confirm, tick.js): dismissed, nothing happens; accepted, gone.
     lag_row = f"tr[data-rule='{rule.id}']"

@@ -5,7 +5,7 @@ the DLQ page. With TICK_SCREENSHOTS=1 the main pages are saved under docs/screen
 
 from __future__ import annotations
 
-import os
+import functools
 import uuid
 from datetime import timedelta
 
@@ -15,35 +15,16 @@ from django.utils import timezone
 from apps.occurrences.models import Attempt, Occurrence
 from apps.occurrences.tests.support.rows import occurrence, schedule, state_of
 from apps.schedules.models import Schedule
-from apps.tenants.tests.browser import NEEDS_CHROMIUM, SHOTS
+from apps.tenants.tests.browser import NEEDS_CHROMIUM, log_in
+from apps.tenants.tests.browser import page_shot as _shot
 from apps.tenants.tests.browser import wait as _wait
+
+_login = functools.partial(log_in, shot="login")
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
     NEEDS_CHROMIUM,
 ]
-
-
-def _shot(driver, name: str, *, width: int = 1280) -> None:
-    if os.environ.get("TICK_SCREENSHOTS") != "1":
-        return
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    driver.set_window_size(width, 1000)
-    height = driver.execute_script("return document.documentElement.scrollHeight")
-    driver.set_window_size(width, min(max(int(height) + 40, 600), 3000))
-    driver.save_screenshot(str(SHOTS / f"{name}.png"))
-    driver.set_window_size(1280, 1000)
-
-
-def _login(driver, base: str, username: str, password: str) -> None:
-    from selenium.webdriver.common.by import By
-
-    driver.get(f"{base}/login/")
-    _shot(driver, "login", width=420)
-    driver.find_element(By.NAME, "username").send_keys(username)
-    driver.find_element(By.NAME, "password").send_keys(password)
-    driver.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
-    _wait(driver, lambda d: d.current_url.rstrip("/") == base)
 
 
 def _first_preview_row(driver) -> str:

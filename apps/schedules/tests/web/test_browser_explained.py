@@ -16,10 +16,11 @@ from apps.occurrences.models import Occurrence
 from apps.occurrences.tests.support.rows import occurrence, schedule
 from apps.schedules.models import Schedule
 from apps.schedules.tests.web import test_browser as base_browser
+from apps.tenants.tests.browser import page_shot as _shot
 from apps.tenants.tests.browser import wait as _wait
 
 pytestmark = base_browser.pytestmark
-_login, _shot = base_browser._login, base_browser._shot
+_login = base_browser._login
 
 
 def _shown(driver, field: str) -> bool:

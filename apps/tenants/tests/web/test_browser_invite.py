@@ -4,14 +4,14 @@ page and the invitation accept page are saved under docs/screenshots/."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 from django.core import mail
 
 from apps.tenants.members import invitation_create
 from apps.tenants.models import Membership
-from apps.tenants.tests.browser import NEEDS_CHROMIUM, SHOTS
+from apps.tenants.tests.browser import NEEDS_CHROMIUM
+from apps.tenants.tests.browser import log_in as _login
+from apps.tenants.tests.browser import page_shot as _shot
 from apps.tenants.tests.browser import wait as _wait
 from apps.tenants.tests.mails import link_in
 
@@ -19,28 +19,6 @@ pytestmark = [
     pytest.mark.django_db(transaction=True),
     NEEDS_CHROMIUM,
 ]
-
-
-def _shot(driver, name: str, *, width: int = 1280) -> None:
-    if os.environ.get("TICK_SCREENSHOTS") != "1":
-        return
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    driver.set_window_size(width, 1000)
-    height = driver.execute_script("return document.documentElement.scrollHeight")
-    # The window's height includes the (headless) browser frame: leave room for it.
-    driver.set_window_size(width, min(max(int(height) + 160, 500), 2000))
-    driver.save_screenshot(str(SHOTS / f"{name}.png"))
-    driver.set_window_size(1280, 1000)
-
-
-def _login(driver, base: str, username: str, password: str) -> None:
-    from selenium.webdriver.common.by import By
-
-    driver.get(f"{base}/login/")
-    driver.find_element(By.NAME, "username").send_keys(username)
-    driver.find_element(By.NAME, "password").send_keys(password)
-    driver.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
-    _wait(driver, lambda d: d.current_url.rstrip("/") == base)
 
 
 def _log_out(driver) -> None:
