@@ -52,13 +52,22 @@ def chromium_driver(*, console_log: bool = False) -> Iterator[Any]:
 
 
 def wait(driver: Any, condition: Any, timeout: float = 10) -> Any:
-    """Until `condition` holds; an element htmx swapped out while it was read (stale) counts
-    as not yet."""
-    from selenium.common.exceptions import StaleElementReferenceException
+    """Until `condition` holds; an element htmx or a POST-redirect swapped out while it was read
+    (stale, or "does not belong to the document" as Chromium sometimes words it) counts as not
+    yet."""
+    from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
     from selenium.webdriver.support.ui import WebDriverWait
 
+    def settled(current: Any) -> Any:
+        try:
+            return condition(current)
+        except WebDriverException as exc:
+            if "does not belong to the document" in str(exc):
+                return False
+            raise
+
     ignored = [StaleElementReferenceException]
-    return WebDriverWait(driver, timeout, ignored_exceptions=ignored).until(condition)
+    return WebDriverWait(driver, timeout, ignored_exceptions=ignored).until(settled)
 
 
 def page_shot(driver: Any, name: str, *, width: int = 1280) -> None:
