@@ -71,6 +71,8 @@ class _Burst:
 class BurstReport:
     schedules: int
     tenants: int
+    materializers: int
+    relays: int
     precision: str
     flexible_window_s: int
     extra_active: int
@@ -95,7 +97,8 @@ class BurstReport:
     def lines(self) -> list[str]:
         return [
             f"burst: {self.schedules:,} {self.precision.lower()} occurrences at one instant, "
-            f"{self.tenants} tenants (one owns 90 %), {self.extra_active:,} extra active",
+            f"{self.tenants} tenants (one owns 90 %), {self.extra_active:,} extra active; "
+            f"{self.materializers} materializer(s), {self.relays} relay(s)",
             f"  materialized in {self.materialize_s:.1f} s, before the instant: "
             f"{self.materialized_before_instant}",
             f"  lag (db): p50 {self.p50_s:.3f} s  p95 {self.p95_s:.3f} s  p99 {self.p99_s:.3f} s"
@@ -262,6 +265,8 @@ def bench_burst(
     extra_active: int = 0,
     lead_s: float = 60.0,
     timeout_s: float = 120.0,
+    materializers: int = 1,
+    relays: int = 1,
     log: Callable[[str], object] | None = None,
 ) -> BurstReport:
     say = log or (lambda message: None)
@@ -293,10 +298,10 @@ def bench_burst(
         say(f"process logs in {logs}")
         services_before = services_cpu()
         started_at = timezone.now()
-        for command in PIPELINE_COMMANDS:
-            procs.start_command(command)
+        for command, count in zip(PIPELINE_COMMANDS, (materializers, relays), strict=True):
+            procs.start_command(command, count)
         say(
-            "materializer and relay started; "
+            f"{materializers} materializer(s) and {relays} relay(s) started; "
             f"instant in {(burst.instant - now).total_seconds():.0f} s"
         )
         materialized_at = _wait_materialized(burst, timeout_s + lead_s)
@@ -305,7 +310,8 @@ def bench_burst(
         )
         cpu, rss = procs.usage(services_before, own_kind="bench+consumer")
         return _report(
-            burst, consumer.arrivals, materialized_before_instant=materialized_at < burst.instant,
+            burst, consumer.arrivals, materializers=materializers, relays=relays,
+            materialized_before_instant=materialized_at < burst.instant,
             materialize_s=(materialized_at - started_at).total_seconds(), cpu=cpu, rss=rss,
         )  # fmt: skip
     finally:
@@ -366,6 +372,8 @@ def _report(
     burst: _Burst,
     arrivals: dict[str, list[float]],
     *,
+    materializers: int,
+    relays: int,
     materialized_before_instant: bool,
     materialize_s: float,
     cpu: dict[str, float],
@@ -382,6 +390,8 @@ def _report(
     return BurstReport(
         schedules=burst.schedules,
         tenants=len(burst.tenant_ids),
+        materializers=materializers,
+        relays=relays,
         precision=str(burst.precision),
         flexible_window_s=burst.flexible_window_s,
         extra_active=burst.extra_active,

@@ -173,9 +173,13 @@ class BenchProcesses:
         )  # fmt: skip
         self.kinds[name] = kind
 
-    def start_command(self, command: str) -> None:
-        """`manage.py <command>` with its Procfile defaults; its kind is the command name."""
-        self._start(command, command, [sys.executable, "manage.py", command])
+    def start_command(self, command: str, count: int = 1) -> None:
+        """`count` processes of `manage.py <command>` with its Procfile defaults, named
+        `command` (one) or `command-1` … (several, sharing the shard leases); their kind is the
+        command name."""
+        for n in range(1, count + 1):
+            name = command if count == 1 else f"{command}-{n}"
+            self._start(name, command, [sys.executable, "manage.py", command])
 
     def start_workers(self, workers: int, concurrency: int) -> None:
         for n in range(1, workers + 1):

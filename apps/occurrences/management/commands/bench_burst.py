@@ -14,6 +14,8 @@ BURST_PARAMETERS = (
     "extra_active",
     "lead_s",
     "timeout_s",
+    "materializers",
+    "relays",
 )
 
 
@@ -37,6 +39,8 @@ class Command(BaseCommand):
         )  # fmt: skip
         parser.add_argument("--timeout", dest="timeout_s", metavar="TIMEOUT", type=float,
                             default=120.0)  # fmt: skip
+        parser.add_argument("--materializers", type=int, default=1, help="processes")
+        parser.add_argument("--relays", type=int, default=1, help="processes")
         parser.add_argument("--json", action="store_true", help="only the JSON line")
 
     def handle(self, *args: Any, **options: Any) -> None:
