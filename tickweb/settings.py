@@ -349,6 +349,13 @@ TICK_RELAY_LOOKAHEAD_MS = env_int("TICK_RELAY_LOOKAHEAD_MS", 5000)
 TICK_RELAY_BATCH = env_int("TICK_RELAY_BATCH", 100_000)
 # Occurrences of one tenant and lane due at one instant share a message, up to this many.
 TICK_RELAY_ENVELOPE_MAX = env_int("TICK_RELAY_ENVELOPE_MAX", 50)
+# Staging (apps/occurrences/pipeline/staging.py): an instant with at least MIN_ROWS on-time
+# rows within HORIZON_S is read in chunks of CHUNK rows before it comes, at most MAX_ROWS
+# (the relay's memory bound: ~1 KiB per staged row, docs/performance.md).
+TICK_RELAY_STAGE_MIN_ROWS = env_int("TICK_RELAY_STAGE_MIN_ROWS", 10_000)
+TICK_RELAY_STAGE_CHUNK = env_int("TICK_RELAY_STAGE_CHUNK", 50_000)
+TICK_RELAY_STAGE_HORIZON_S = env_int("TICK_RELAY_STAGE_HORIZON_S", 60)
+TICK_RELAY_STAGE_MAX_ROWS = env_int("TICK_RELAY_STAGE_MAX_ROWS", 600_000)
 
 # Worker: attempt leases (renewed every third of it), retries and their deadline.
 TICK_ATTEMPT_LEASE_S = env_int("TICK_ATTEMPT_LEASE_S", 60)

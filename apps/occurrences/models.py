@@ -216,9 +216,11 @@ class DispatchOutbox(models.Model):
     class Meta:
         indexes = [
             # The relay's claim (`manage.py relay`): due rows of its shards, oldest first;
-            # parked rows drop out of the index.
+            # parked rows drop out of the index. `id` lets the staging of a big instant page
+            # through it by id without visiting the rows it has already read
+            # (pipeline/staging.py).
             models.Index(
-                fields=["shard", "available_at"],
+                fields=["shard", "available_at", "id"],
                 name="outbox_due_idx",
                 condition=models.Q(parked_at__isnull=True),
             ),
@@ -244,6 +246,10 @@ class ShardLease(models.Model):
     owner = models.CharField(max_length=200, blank=True, default="")
     generation = models.BigIntegerField(default=0)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
+    # Relay rows only: how many schedule changes have recalled outbox rows of this shard
+    # (`relay_shard_barrier` adds one). A relay that read a shard's rows ahead of their
+    # instant publishes them only if this has not moved since (pipeline/staging.py).
+    recalls = models.BigIntegerField(default=0, db_default=0)
 
     class Meta:
         constraints = [

@@ -165,11 +165,14 @@ def relay_shard_barrier(shard: int) -> None:
     caller's transaction ends.
 
     For schedule changes that remove outbox rows (update, pause, cancel): the relay reads
-    outbox rows without row locks under its FOR SHARE lease fence, so taking the shard's
-    relay lease row FOR UPDATE is what makes "not yet published" a stable fact until commit.
+    outbox rows without row locks under its FOR SHARE lease fence, so locking the shard's
+    relay lease row (the UPDATE's row lock conflicts with FOR SHARE) is what makes "not yet
+    published" a stable fact until commit. The update counts the recall in `recalls`: rows a
+    relay staged ahead of their instant are published only if it has not moved since.
     """
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT 1 FROM occurrences_shardlease WHERE role = %s AND shard = %s FOR UPDATE",
+            "UPDATE occurrences_shardlease SET recalls = recalls + 1 "
+            "WHERE role = %s AND shard = %s",
             [ShardLease.Role.RELAY, shard],
         )

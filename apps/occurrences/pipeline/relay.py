@@ -32,10 +32,10 @@ import threading
 import time
 import uuid
 from collections import defaultdict, deque
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from django.db import connection, transaction
 from django.db.backends.utils import CursorWrapper
@@ -56,12 +56,14 @@ from apps.occurrences.pipeline.queues import (
 from apps.occurrences.pipeline.throttle import TenantThrottle
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 
 # The relay publishes a row once its `available_at` has come by its own host's clock, which
 # may run a little ahead of another process's: a row due within this may already be
 # published (schedule changes' receipts; the claim's check for a reclaimed attempt's copy).
 RELAY_CLOCK_SLACK = timedelta(seconds=1)
+ONE_MICROSECOND = timedelta(microseconds=1)
 
 
 @dataclass(frozen=True)
@@ -195,28 +197,41 @@ def build_messages(rows: list[OutboxRow], config: RelayConfig) -> list[list[Outg
     Rows of one tenant and lane due at the same instant travel together in envelopes of up
     to `envelope_max`; a lone row is an ordinary one-occurrence task message.
     """
-    by_instant: dict[datetime, dict[tuple[str, str], list[OutboxRow]]] = defaultdict(
-        lambda: defaultdict(list)
-    )
+    by_instant: dict[datetime, list[OutboxRow]] = defaultdict(list)
     for row in rows:
-        by_instant[row.available_at][(row.tenant_id, row.lane)].append(row)
-    schedule: list[list[OutgoingMessage]] = []
-    for instant in sorted(by_instant):
-        per_tenant: dict[str, deque[OutgoingMessage]] = defaultdict(deque)
-        for (tenant_id, lane), group in by_instant[instant].items():
-            queue = queue_name(
-                config.prefix, lane, tenant_partition_of(tenant_id, config.partitions)
-            )
-            for chunk in _chunks(group, config.envelope_max):
-                per_tenant[tenant_id].append(_message(chunk, queue))
-        turns = list(per_tenant.values())
-        ordered: list[OutgoingMessage] = []
-        while turns:
-            for turn in turns:
-                ordered.append(turn.popleft())
-            turns = [turn for turn in turns if turn]
-        schedule.append(ordered)
-    return schedule
+        by_instant[row.available_at].append(row)
+    return [
+        round_robin(messages_by_tenant(by_instant[instant], config).values())
+        for instant in sorted(by_instant)
+    ]
+
+
+def messages_by_tenant(
+    rows: list[OutboxRow], config: RelayConfig
+) -> dict[str, list[OutgoingMessage]]:
+    """The messages of rows due at one instant, per tenant (in order of first appearance)."""
+    groups: dict[tuple[str, str], list[OutboxRow]] = defaultdict(list)
+    for row in rows:
+        groups[(row.tenant_id, row.lane)].append(row)
+    per_tenant: dict[str, list[OutgoingMessage]] = defaultdict(list)
+    for (tenant_id, lane), group in groups.items():
+        queue = queue_name(config.prefix, lane, tenant_partition_of(tenant_id, config.partitions))
+        per_tenant[tenant_id].extend(
+            _message(chunk, queue) for chunk in _chunks(group, config.envelope_max)
+        )
+    return per_tenant
+
+
+def round_robin(turns: Iterable[Sequence[_T]]) -> list[_T]:
+    """One item of each sequence in turn, until all are used: no tenant's messages all go
+    before another's."""
+    queues = [deque(turn) for turn in turns if turn]
+    ordered: list[_T] = []
+    while queues:
+        for turn in queues:
+            ordered.append(turn.popleft())
+        queues = [turn for turn in queues if turn]
+    return ordered
 
 
 def _chunks(rows: list[OutboxRow], size: int) -> Iterator[list[OutboxRow]]:
@@ -318,7 +333,7 @@ class Recorder(threading.Thread):
         self.join()
 
 
-def _apply_quotas(
+def apply_quotas(
     cursor: CursorWrapper, rows: list[OutboxRow], throttle: TenantThrottle, result: RelayResult
 ) -> list[OutboxRow]:
     """Keep the rows each tenant's quota allows now; defer the others' outbox rows to the
@@ -341,7 +356,7 @@ def _apply_quotas(
     return allowed
 
 
-def _prepare(
+def prepare_messages(
     publisher: Publisher, messages: list[OutgoingMessage], failed: dict[int, str]
 ) -> list[tuple[OutgoingMessage, Any]]:
     """Serialise each message; one that cannot be built fails alone (a poison row must not
@@ -356,7 +371,7 @@ def _prepare(
     return prepared
 
 
-def _record_failures(leases: LeaseSet, failed: dict[int, str], max_attempts: int) -> int:
+def record_failures(leases: LeaseSet, failed: dict[int, str], max_attempts: int) -> int:
     """Back off the failed rows, parking those at the attempt limit; returns how many."""
     with transaction.atomic(), connection.cursor() as cursor:
         if not leases.fenced_shards():
@@ -385,9 +400,11 @@ def relay_step(
     config: RelayConfig,
     recorder: Recorder | None = None,
     throttle: TenantThrottle | None = None,
+    before: datetime | None = None,
 ) -> RelayResult:
     """Read, publish and record one batch (module docstring, steps 1-3). Without a
-    `recorder`, recording happens before returning."""
+    `recorder`, recording happens before returning. With `before`, only rows due earlier are
+    read: the instant a `Stager` holds is its to publish, and a step must not sleep past it."""
     result = RelayResult()
     failed: dict[int, str] = {}
     # The fence (FOR SHARE on the lease rows) is held from the read until the last publish:
@@ -398,10 +415,10 @@ def relay_step(
         if not shards:
             return result
         started = time.perf_counter()
-        rows = _read_due(cursor, shards, config, recorder)
+        rows = _read_due(cursor, shards, config, recorder, before)
         result.claimed = len(rows)
         if throttle is not None and rows:
-            rows = _apply_quotas(cursor, rows, throttle, result)
+            rows = apply_quotas(cursor, rows, throttle, result)
         if not rows:
             return result
         metrics.outbox_backlog.set(len(rows))
@@ -410,17 +427,17 @@ def relay_step(
         groups = [
             prepared
             for messages in build_messages(rows, config)
-            if (prepared := _prepare(publisher, messages, failed))
+            if (prepared := prepare_messages(publisher, messages, failed))
         ]
         built_at = time.perf_counter()
-        confirmed = _publish_on_time(publisher, groups, by_id, failed, result)
+        confirmed = publish_on_time(publisher, groups, by_id, failed, result)
     published_at = time.perf_counter()
     if failed:
         log.warning(
             "%d outbox rows not published (e.g. %s)", len(failed), next(iter(failed.values()))
         )
         result.failed = len(failed)
-        result.parked = _record_failures(leases, failed, config.max_publish_attempts)
+        result.parked = record_failures(leases, failed, config.max_publish_attempts)
     batch = ConfirmedBatch({i: (by_id[i], at) for i, at in confirmed.items()})
     if recorder is not None:
         recorder.submit(batch)
@@ -431,16 +448,23 @@ def relay_step(
         "relay step: %d rows read in %.2f s, messages built in %.2f s, published in %.2f s",
         len(rows), claimed_at - started, built_at - claimed_at, published_at - built_at,
     )  # fmt: skip
-    _count_published(batch, result)
+    count_published(batch, result)
     return result
 
 
 def _read_due(
-    cursor: CursorWrapper, shards: list[int], config: RelayConfig, recorder: Recorder | None
+    cursor: CursorWrapper,
+    shards: list[int],
+    config: RelayConfig,
+    recorder: Recorder | None,
+    before: datetime | None,
 ) -> list[OutboxRow]:
-    """Step 1's read: due rows of the fenced `shards` within the look-ahead, minus those
-    published and waiting to be recorded; the on-time lanes first with the whole batch."""
+    """Step 1's read: due rows of the fenced `shards` within the look-ahead (and before
+    `before`), minus those published and waiting to be recorded; the on-time lanes first with
+    the whole batch."""
     until = timezone.now() + timedelta(milliseconds=config.lookahead_ms)
+    if before is not None:
+        until = min(until, before - ONE_MICROSECOND)
     inflight = array_literal([str(i) for i in (recorder.inflight_ids() if recorder else [])])
     rows: list[OutboxRow] = []
     for lanes, limit in (
@@ -452,7 +476,7 @@ def _read_due(
     return rows
 
 
-def _publish_on_time(
+def publish_on_time(
     publisher: Publisher,
     groups: list[list[tuple[OutgoingMessage, Any]]],
     by_id: dict[int, OutboxRow],
@@ -475,7 +499,7 @@ def _publish_on_time(
     return confirmed
 
 
-def _count_published(batch: ConfirmedBatch, result: RelayResult) -> None:
+def count_published(batch: ConfirmedBatch, result: RelayResult) -> None:
     """Lag and publish metrics of a step; the lags also go into `result`."""
     for row, at in batch.rows.values():
         reference = row.scheduled_for if row.lane in _LAG_FROM_SCHEDULED_FOR else row.available_at

@@ -9,7 +9,8 @@ from apps.occurrences.management.commands._loop_command import LoopCommand, Loop
 from apps.occurrences.models import ShardLease
 from apps.occurrences.pipeline.broker import Publisher
 from apps.occurrences.pipeline.loop import process_leases
-from apps.occurrences.pipeline.relay import Recorder, RelayConfig, relay_step
+from apps.occurrences.pipeline.relay import Recorder, RelayConfig, RelayResult, relay_step
+from apps.occurrences.pipeline.staging import StageConfig, Stager
 from apps.occurrences.pipeline.throttle import TenantThrottle
 from tickweb.celery import app as celery_app
 
@@ -43,23 +44,29 @@ class Command(LoopCommand):
         recorder = Recorder(leases)
         recorder.start()
         throttle = TenantThrottle()
+        stager = Stager(
+            leases=leases,
+            publisher=publisher,
+            relay_config=config,
+            config=StageConfig.from_settings(),
+        )
 
         def unit() -> int:
+            done = 0
+            if stager.publish_due():
+                done += _logged(stager.publish(recorder=recorder, throttle=throttle), "staged")
             result = relay_step(
                 leases=leases,
                 publisher=publisher,
                 config=config,
                 recorder=recorder,
                 throttle=throttle,
+                before=stager.instant,
             )
-            if result.claimed:
-                worst = max(result.lags, default=0.0)
-                log.info(
-                    "relayed %d of %d in %d messages (failed %d), max lag %.3fs",
-                    result.published, result.claimed, result.messages, result.failed, worst,
-                )  # fmt: skip
+            done += _logged(result, "due")
             # Deferred rows are not work done now: sleep rather than re-read them at once.
-            return result.published + result.failed
+            # Staging is: go on at once while there is more to read.
+            return done + stager.advance()
 
         # Record what was confirmed while the shards are still ours.
         def close() -> None:
@@ -67,3 +74,14 @@ class Command(LoopCommand):
             throttle.close()
 
         return LoopWork(unit, leases=leases, before_release=recorder.stop, close=close)
+
+
+def _logged(result: RelayResult, what: str) -> int:
+    """Log a publish that did something; returns the rows it settled."""
+    if result.claimed:
+        log.info(
+            "relayed %d of %d %s rows in %d messages (failed %d), max lag %.3fs",
+            result.published, result.claimed, what, result.messages, result.failed,
+            max(result.lags, default=0.0),
+        )  # fmt: skip
+    return result.published + result.failed

@@ -1,0 +1,303 @@
+"""Staging: read a big instant's outbox rows and build its messages before the instant
+(docs/decisions.md "Relay staging").
+
+A relay step reads what is due within its look-ahead (`TICK_RELAY_LOOKAHEAD_MS`) in one go;
+reading and building take ~5 s per 100k rows on the reference machine (docs/performance.md),
+so an instant holding more rows than that cannot be read inside the look-ahead. A `Stager`
+finds such an instant early and spreads the work over the time before it:
+1. Probe (at most every `probe_every_s`): the first instant in (now + look-ahead,
+   now + `horizon_s`] with at least `min_rows` on-time rows in the held shards.
+2. Stage, one chunk per loop iteration: in a fenced transaction, note each held shard's
+   (lease generation, `recalls`) the first time it is seen, and read the instant's rows by id
+   after the last one read (outbox_due_idx carries the id); build and serialise their
+   messages per tenant. Rows the materializer adds meanwhile have higher ids: a later chunk
+   reads them. Staging stops `stop_before_s` before the instant or at `max_rows` (the memory
+   bound).
+3. Publish at the instant, in a fenced transaction: keep the rows of the shards whose
+   (generation, recalls) has not moved. A schedule change that recalled rows of a shard
+   (`relay_shard_barrier` counts it) or a lease that changed hands drops that shard's staged
+   rows: the normal step reads them afresh. Apply the tenants' quotas (a tenant with dropped
+   or deferred rows has its messages rebuilt), wait for the instant, publish with tenants
+   taking turns, and hand the confirms to the recorder, as a step does.
+Meanwhile the normal step reads only rows due before the staged instant, so it never sleeps
+past it. Rows of the instant that were not staged (committed out of id order, beyond
+`max_rows`, or of a dropped shard) are the next normal step's, right after the publish.
+Nothing is published before its instant or after a recall: the fence and the counter make the
+early read as good as one made at the instant.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.backends.utils import CursorWrapper
+from django.utils import timezone
+
+from apps.occurrences.models import ShardLease
+from apps.occurrences.pipeline.broker import OutgoingMessage, Publisher
+from apps.occurrences.pipeline.bulk import array_literal
+from apps.occurrences.pipeline.leases import LeaseSet
+from apps.occurrences.pipeline.relay import (
+    FOREGROUND_LANES,
+    ConfirmedBatch,
+    OutboxRow,
+    Recorder,
+    RelayConfig,
+    RelayResult,
+    apply_quotas,
+    count_published,
+    messages_by_tenant,
+    prepare_messages,
+    publish_on_time,
+    record_confirmed,
+    record_failures,
+    round_robin,
+)
+from apps.occurrences.pipeline.throttle import TenantThrottle
+
+log = logging.getLogger(__name__)
+
+Prepared = tuple[OutgoingMessage, Any]
+
+
+@dataclass(frozen=True)
+class StageConfig:
+    min_rows: int
+    chunk_rows: int
+    horizon_s: float
+    max_rows: int
+    probe_every_s: float = 1.0
+    stop_before_s: float = 2.0
+    publish_lead_s: float = 1.0
+
+    @classmethod
+    def from_settings(cls) -> StageConfig:
+        return cls(
+            min_rows=settings.TICK_RELAY_STAGE_MIN_ROWS,
+            chunk_rows=settings.TICK_RELAY_STAGE_CHUNK,
+            horizon_s=settings.TICK_RELAY_STAGE_HORIZON_S,
+            max_rows=settings.TICK_RELAY_STAGE_MAX_ROWS,
+        )
+
+
+@dataclass
+class StagedInstant:
+    """What has been staged of one instant."""
+
+    instant: datetime
+    marks: dict[int, tuple[int, int]] = field(default_factory=dict)  # shard -> (gen, recalls)
+    rows: dict[int, OutboxRow] = field(default_factory=dict)  # by outbox id
+    messages: dict[str, list[Prepared]] = field(default_factory=dict)  # per tenant
+    failed: dict[int, str] = field(default_factory=dict)  # rows whose message cannot be built
+    after_id: int = 0
+    read_again_at: float = 0.0  # monotonic; after a short chunk, wait before the next read
+
+
+_PROBE = """
+    SELECT available_at FROM occurrences_dispatchoutbox
+    WHERE shard = ANY(%(shards)s) AND available_at > %(after)s AND available_at <= %(until)s
+      AND lane = ANY(%(lanes)s) AND parked_at IS NULL
+    GROUP BY available_at HAVING count(*) >= %(min_rows)s
+    ORDER BY available_at
+    LIMIT 1
+"""
+
+_READ_CHUNK = """
+    SELECT id, occurrence_id::text, scheduled_for, schedule_id::text, schedule_version,
+           tenant_id::text, lane, available_at, shard
+    FROM occurrences_dispatchoutbox
+    WHERE shard = ANY(%(shards)s) AND available_at = %(instant)s AND id > %(after)s
+      AND lane = ANY(%(lanes)s) AND parked_at IS NULL
+    ORDER BY id
+    LIMIT %(limit)s
+"""
+
+_RECALLS = """
+    SELECT shard, recalls FROM occurrences_shardlease WHERE role = %s AND shard = ANY(%s)
+"""
+
+
+class Stager:
+    """One relay process's staging of the next big instant (module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        leases: LeaseSet,
+        publisher: Publisher,
+        relay_config: RelayConfig,
+        config: StageConfig,
+    ) -> None:
+        self.leases = leases
+        self.publisher = publisher
+        self.relay_config = relay_config
+        self.config = config
+        self.staged: StagedInstant | None = None
+        self._next_probe = 0.0
+        # One object per distinct value: a burst's rows share their instant and tenants.
+        self._interned: dict[Any, Any] = {}
+
+    @property
+    def instant(self) -> datetime | None:
+        return self.staged.instant if self.staged is not None else None
+
+    def publish_due(self) -> bool:
+        lead = timedelta(seconds=self.config.publish_lead_s)
+        return self.staged is not None and timezone.now() >= self.staged.instant - lead
+
+    # -- steps 1 and 2 -------------------------------------------------------------------
+
+    def advance(self) -> int:
+        """Probe for an instant to stage, or stage one more chunk of it; returns the rows
+        staged by this call."""
+        now, clock = timezone.now(), time.monotonic()
+        if self.staged is None:
+            if clock < self._next_probe:
+                return 0
+            self._next_probe = clock + self.config.probe_every_s
+            instant = self._probe(now)
+            if instant is None:
+                return 0
+            self.staged = StagedInstant(instant)
+            log.info("staging %s", instant.isoformat())
+        staged = self.staged
+        if (
+            (staged.instant - now).total_seconds() < self.config.stop_before_s
+            or len(staged.rows) >= self.config.max_rows
+            or clock < staged.read_again_at
+        ):
+            return 0
+        return self._stage_chunk(staged)
+
+    def _probe(self, now: datetime) -> datetime | None:
+        shards = sorted(self.leases.held)
+        if not shards:
+            return None
+        lookahead = timedelta(milliseconds=self.relay_config.lookahead_ms)
+        with connection.cursor() as cursor:
+            cursor.execute(_PROBE, {
+                "shards": shards, "after": now + lookahead,
+                "until": now + timedelta(seconds=self.config.horizon_s),
+                "lanes": array_literal(FOREGROUND_LANES), "min_rows": self.config.min_rows,
+            })  # fmt: skip
+            found = cursor.fetchone()
+        return found[0] if found else None
+
+    def _stage_chunk(self, staged: StagedInstant) -> int:
+        started = time.perf_counter()
+        limit = min(self.config.chunk_rows, self.config.max_rows - len(staged.rows))
+        with transaction.atomic(), connection.cursor() as cursor:
+            shards = self.leases.fenced_shards()
+            if not shards:
+                return 0
+            for shard, mark in self._marks(cursor, shards).items():
+                staged.marks.setdefault(shard, mark)
+            cursor.execute(_READ_CHUNK, {
+                "shards": shards, "instant": staged.instant, "after": staged.after_id,
+                "lanes": array_literal(FOREGROUND_LANES), "limit": limit,
+            })  # fmt: skip
+            rows = [self._row(values) for values in cursor.fetchall()]
+        read_at = time.perf_counter()
+        if len(rows) < limit:
+            staged.read_again_at = time.monotonic() + self.config.probe_every_s
+        if not rows:
+            return 0
+        staged.after_id = rows[-1].id
+        for tenant_id, messages in messages_by_tenant(rows, self.relay_config).items():
+            prepared = prepare_messages(self.publisher, messages, staged.failed)
+            staged.messages.setdefault(tenant_id, []).extend(prepared)
+        staged.rows.update((row.id, row) for row in rows)
+        log.info(
+            "staged %d rows of %s (%d in all): read in %.2f s, built in %.2f s",
+            len(rows), staged.instant.isoformat(), len(staged.rows), read_at - started,
+            time.perf_counter() - read_at,
+        )  # fmt: skip
+        return len(rows)
+
+    def _row(self, values: tuple[Any, ...]) -> OutboxRow:
+        intern = self._interned.setdefault
+        (id_, occurrence_id, scheduled_for, schedule_id, version, tenant_id, lane,
+         available_at, shard) = values  # fmt: skip
+        return OutboxRow(
+            id_, occurrence_id, intern(scheduled_for, scheduled_for), schedule_id, version,
+            intern(tenant_id, tenant_id), intern(lane, lane),
+            intern(available_at, available_at), shard,
+        )  # fmt: skip
+
+    def _marks(self, cursor: CursorWrapper, shards: list[int]) -> dict[int, tuple[int, int]]:
+        """(lease generation, recalls) of the fenced `shards`; the caller holds the fence,
+        so neither can move until its transaction ends."""
+        cursor.execute(_RECALLS, [ShardLease.Role.RELAY, shards])
+        return {shard: (self.leases.held[shard], recalls) for shard, recalls in cursor.fetchall()}
+
+    # -- step 3 --------------------------------------------------------------------------
+
+    def publish(
+        self, *, recorder: Recorder | None = None, throttle: TenantThrottle | None = None
+    ) -> RelayResult:
+        """Publish the staged instant (module docstring, step 3) and forget it."""
+        staged, self.staged = self.staged, None
+        self._interned.clear()
+        result = RelayResult()
+        if staged is None or not staged.rows:
+            return result
+        with transaction.atomic(), connection.cursor() as cursor:
+            current = self._marks(cursor, self.leases.fenced_shards())
+            valid = {shard for shard, mark in staged.marks.items() if current.get(shard) == mark}
+            rows = [row for row in staged.rows.values() if row.shard in valid]
+            failed = {i: e for i, e in staged.failed.items() if staged.rows[i].shard in valid}
+            result.claimed = len(rows)
+            if len(rows) < len(staged.rows):
+                log.info(
+                    "%d staged rows dropped (recalled or lease moved): read again",
+                    len(staged.rows) - len(rows),
+                )
+            if throttle is not None and rows:
+                rows = apply_quotas(cursor, rows, throttle, result)
+            by_id = {row.id: row for row in rows}
+            ordered = self._messages(staged, by_id, failed)
+            confirmed = (
+                publish_on_time(self.publisher, [ordered], by_id, failed, result) if ordered else {}
+            )
+        if failed:
+            result.failed = len(failed)
+            result.parked = record_failures(
+                self.leases, failed, self.relay_config.max_publish_attempts
+            )
+        batch = ConfirmedBatch({i: (by_id[i], at) for i, at in confirmed.items()})
+        if recorder is not None:
+            recorder.submit(batch)
+        else:
+            record_confirmed(leases=self.leases, batch=batch)
+        result.published = len(confirmed)
+        count_published(batch, result)
+        return result
+
+    def _messages(
+        self, staged: StagedInstant, kept: dict[int, OutboxRow], failed: dict[int, str]
+    ) -> list[Prepared]:
+        """The staged messages, tenants taking turns; a tenant any of whose staged rows is no
+        longer kept (dropped shard, quota deferral) has its messages built again."""
+        stale = {
+            tenant_id
+            for tenant_id, prepared in staged.messages.items()
+            if not all(key in kept for message, _ in prepared for key in message.keys)
+        }
+        rebuilt: dict[str, list[OutgoingMessage]] = {}
+        if stale:
+            rebuilt = messages_by_tenant(
+                [row for row in kept.values() if row.tenant_id in stale and row.id not in failed],
+                self.relay_config,
+            )
+        per_tenant: list[list[Prepared]] = []
+        for tenant_id, prepared in staged.messages.items():
+            if tenant_id in stale:
+                prepared = prepare_messages(self.publisher, rebuilt.get(tenant_id, []), failed)
+            per_tenant.append(prepared)
+        return round_robin(per_tenant)
