@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import time
 from datetime import datetime, timedelta
+from typing import Any
 
 import pytest
 from django.db import transaction
@@ -37,7 +38,7 @@ def _one_shots(tenant, count: int, at: datetime) -> list[Schedule]:
 
 
 def _stager(publisher, queue_prefix, **overrides) -> Stager:
-    values = {"min_rows": 3, "chunk_rows": 2, "horizon_s": 30.0, "max_rows": 1000,
+    values: dict[str, Any] = {"min_rows": 3, "chunk_rows": 2, "horizon_s": 30.0, "max_rows": 1000,
               "probe_every_s": 0.0, "stop_before_s": 0.5, "publish_lead_s": 0.5}  # fmt: skip
     values.update(overrides)
     return Stager(
@@ -62,7 +63,7 @@ def _publish_when_due(stager: Stager):
 
 
 def _queued_ids(publisher, prefix: str) -> list[str]:
-    ids = []
+    ids: list[str] = []
     for queue in all_queue_names(prefix, 4):
         while (message := publisher._channel.basic_get(queue, no_ack=True)) is not None:
             _args, kwargs, _embed = json.loads(message.body)
@@ -93,7 +94,8 @@ def test_a_big_instant_is_read_in_chunks_ahead_and_published_at_its_instant(
     assert result.published == 5
     occurrences = list(Occurrence.objects.all())
     assert {o.state for o in occurrences} == {Occurrence.State.ENQUEUED}
-    assert all(o.enqueued_at >= o.scheduled_for for o in occurrences)  # never early
+    # never early
+    assert all(o.enqueued_at and o.enqueued_at >= o.scheduled_for for o in occurrences)
     assert not DispatchOutbox.objects.exists()
     assert sorted(_queued_ids(publisher, queue_prefix)) == sorted(str(o.id) for o in occurrences)
     assert stager.instant is None
@@ -146,7 +148,7 @@ def test_rows_beyond_the_staged_ones_go_out_with_the_next_normal_step(
     assert (staged.published, rest.published) == (3, 3)
     occurrences = list(Occurrence.objects.all())
     assert {o.state for o in occurrences} == {Occurrence.State.ENQUEUED}
-    assert all(o.enqueued_at >= o.scheduled_for for o in occurrences)
+    assert all(o.enqueued_at and o.enqueued_at >= o.scheduled_for for o in occurrences)
     assert sorted(_queued_ids(publisher, queue_prefix)) == sorted(str(o.id) for o in occurrences)
 
 
@@ -161,4 +163,5 @@ def test_an_instant_below_the_threshold_is_left_to_the_normal_step(
 
 
 def test_round_robin_takes_one_of_each_in_turn():
-    assert round_robin([[1, 2, 3], [], ["a"], ["x", "y"]]) == [1, "a", "x", 2, "y", 3]
+    turns: list[list[str]] = [["a1", "a2", "a3"], [], ["b1"], ["c1", "c2"]]
+    assert round_robin(turns) == ["a1", "b1", "c1", "a2", "c2", "a3"]
