@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
@@ -215,17 +216,24 @@ def _plan(row: _Row, now: datetime, horizon: datetime, config: MaterializeConfig
 # The state test is spelled into the text, not passed as a parameter: schedule_due_idx is
 # partial on `state = 'ACTIVE'`, and PostgreSQL uses a partial index only when the planned
 # query's WHERE implies its predicate (a generic plan with `state = $1` would not).
+# No ORDER BY: with `shard = ANY(…)` PostgreSQL 15 cannot return the index's rows in
+# next_run_at order, so an ORDER BY fetches and sorts every due row for each batch (a 500k
+# burst: 250 batches x up to 500k rows). Without it the index is read shard after shard,
+# oldest first within each, and stops at the limit. Across shards, `_claim_due` takes the
+# instants nearest first by asking for them in two time ranges.
 _SELECT_DUE = f"""
     SELECT id, tenant_id, kind, expression, time_zone, dst_gap, dst_fold, version, next_run_at,
            precision, flexible_window_s, misfire_policy, max_lateness_s, catchup_limit, end_at,
            shard
     FROM schedules_schedule
     WHERE state = '{Schedule.State.ACTIVE.value}' AND next_run_at IS NOT NULL
-      AND shard = ANY(%(shards)s) AND next_run_at <= %(horizon)s
-    ORDER BY next_run_at
+      AND shard = ANY(%(shards)s) AND next_run_at > %(after)s AND next_run_at <= %(until)s
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 """
+# `_claim_due`'s first range: instants up to this far past the pass's clock come first.
+URGENT_RANGE = timedelta(seconds=10)
+DISTANT_PAST = datetime(1970, 1, 1, tzinfo=UTC)
 
 _INSERT_OCCURRENCES = """
     WITH rows AS (
@@ -274,26 +282,34 @@ _ADVANCE = """
 _ADVANCE_COLUMNS = ("id", "version", "old", "next", "state")
 
 
-def materialize_batch(*, leases: LeaseSet, now: datetime, config: MaterializeConfig) -> BatchResult:
-    """Materialize one batch of due schedules (module docstring, steps 1-5).
+def materialize_batch(
+    *,
+    leases: LeaseSet,
+    now: datetime,
+    config: MaterializeConfig,
+    elapsed: timedelta = timedelta(0),
+) -> BatchResult:
+    """Materialize one batch of due schedules (module docstring, steps 1-5). `elapsed`: how
+    long the pass has run since `now` (its instants due by then come first).
 
     Returns what it did; `schedules == 0` means nothing was due in the held shards.
     """
     try:
-        return _materialize_batch(leases=leases, now=now, config=config)
+        return _materialize_batch(leases=leases, now=now, config=config, elapsed=elapsed)
     except _NeedPartitions as need:
         # A late instant fell on a day without a partition: create it outside the batch's
         # transaction (DDL must not hold locks on the hot path), then redo the batch.
         partitions_ensure(need.days)
-        return _materialize_batch(leases=leases, now=now, config=config)
+        return _materialize_batch(leases=leases, now=now, config=config, elapsed=elapsed)
 
 
 def _materialize_batch(
-    *, leases: LeaseSet, now: datetime, config: MaterializeConfig
+    *, leases: LeaseSet, now: datetime, config: MaterializeConfig, elapsed: timedelta
 ) -> BatchResult:
     horizon = now + timedelta(seconds=config.window_s)
+    urgent = now + elapsed + URGENT_RANGE
     with transaction.atomic(), connection.cursor() as cursor:
-        rows = _claim_due(cursor, leases, horizon, config.batch_size)
+        rows = _claim_due(cursor, leases, urgent, horizon, config.batch_size)
         if not rows:
             return BatchResult()
         batch = _plan_batch(rows, now, horizon, config)
@@ -306,14 +322,22 @@ def _materialize_batch(
 
 
 def _claim_due(
-    cursor: CursorWrapper, leases: LeaseSet, horizon: datetime, limit: int
+    cursor: CursorWrapper, leases: LeaseSet, urgent: datetime, horizon: datetime, limit: int
 ) -> list[_Row]:
-    """Steps 1-2: the fence, then the due schedules of the shards still held, row-locked."""
+    """Steps 1-2: the fence, then the due schedules of the shards still held, row-locked:
+    those due by `urgent` first, then the rest of the planning window."""
     shards = leases.fenced_shards()
     if not shards:
         return []
-    cursor.execute(_SELECT_DUE, {"shards": shards, "horizon": horizon, "limit": limit})
-    return [_Row(*values) for values in cursor.fetchall()]
+    rows: list[_Row] = []
+    for after, until in ((DISTANT_PAST, min(urgent, horizon)), (urgent, horizon)):
+        if until <= after or len(rows) >= limit:
+            continue
+        cursor.execute(_SELECT_DUE, {
+            "shards": shards, "after": after, "until": until, "limit": limit - len(rows),
+        })  # fmt: skip
+        rows.extend(_Row(*values) for values in cursor.fetchall())
+    return rows
 
 
 def _plan_batch(
@@ -466,8 +490,10 @@ def materialize_pass(*, leases: LeaseSet, now: datetime, config: MaterializeConf
     """Run batches until the held shards have nothing due inside the planning window."""
     partitions_ensure({now.date(), (now + timedelta(seconds=config.window_s)).date()})
     total = BatchResult()
+    started = time.monotonic()
     while True:
-        batch = materialize_batch(leases=leases, now=now, config=config)
+        elapsed = timedelta(seconds=time.monotonic() - started)
+        batch = materialize_batch(leases=leases, now=now, config=config, elapsed=elapsed)
         total += batch
         if batch.schedules < config.batch_size:
             return total
