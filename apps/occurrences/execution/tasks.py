@@ -75,16 +75,25 @@ def run_occurrence(self: Any, /, occurrence_id: str, scheduled_for: str, **_: An
     reject_on_worker_lost=True,
     ignore_result=True,
 )
-def run_occurrences(self: Any, /, occurrences: list[dict[str, Any]], **_: Any) -> list[str]:
+def run_occurrences(
+    self: Any,
+    /,
+    occurrences: list[dict[str, Any]],
+    tenant_id: str | None = None,
+    lane: str | None = None,
+    **_: Any,
+) -> list[str]:
     """An envelope of occurrences due at one instant (relay bursts): items 2..n go back to
     the same queue as one-occurrence messages, so free slots start them at once (fanout.py);
     this slot then runs item 1. Not confirmed, the envelope is handed back whole; its
-    finished items are dropped at claim when it is redelivered."""
+    finished items are dropped at claim when it is redelivered. The envelope says its tenant
+    and lane once; envelopes of earlier relays said them in every item."""
     if not occurrences:
         return []
     first, rest = occurrences[0], occurrences[1:]
     if rest:
-        _fan_out_or_requeue(self, rest, queue=envelope_queue(self.request.delivery_info, first))
+        origin = {**first, **({"tenant_id": tenant_id, "lane": lane} if tenant_id and lane else {})}
+        _fan_out_or_requeue(self, rest, queue=envelope_queue(self.request.delivery_info, origin))
     return [_execute_item(first, _worker_id(self))]
 
 

@@ -30,16 +30,14 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.backends.utils import CursorWrapper
 from django.utils import timezone
 
-from apps.occurrences.models import ShardLease
 from apps.occurrences.pipeline.broker import OutgoingMessage, Publisher
 from apps.occurrences.pipeline.bulk import array_literal
 from apps.occurrences.pipeline.leases import LeaseSet
@@ -58,6 +56,7 @@ from apps.occurrences.pipeline.relay import (
     record_confirmed,
     record_failures,
     round_robin,
+    shard_marks,
 )
 from apps.occurrences.pipeline.throttle import TenantThrottle
 
@@ -119,10 +118,6 @@ _READ_CHUNK = """
       AND lane = ANY(%(lanes)s) AND parked_at IS NULL
     ORDER BY id
     LIMIT %(limit)s
-"""
-
-_RECALLS = """
-    SELECT shard, recalls FROM occurrences_shardlease WHERE role = %s AND shard = ANY(%s)
 """
 
 
@@ -199,7 +194,7 @@ class Stager:
             shards = self.leases.fenced_shards()
             if not shards:
                 return 0
-            for shard, mark in self._marks(cursor, shards).items():
+            for shard, mark in shard_marks(cursor, self.leases, shards).items():
                 staged.marks.setdefault(shard, mark)
             cursor.execute(_READ_CHUNK, {
                 "shards": shards, "instant": staged.instant, "after": staged.after_id,
@@ -238,7 +233,11 @@ class Stager:
                     staged.unsent[key] = rows[cut:]
         for tenant_id, messages in messages_by_tenant(ready, self.relay_config).items():
             prepared = prepare_messages(self.publisher, messages, staged.failed)
-            staged.messages.setdefault(tenant_id, []).extend(prepared)
+            # Serialised: the arguments are in the body now, and would double what a staged
+            # row costs in memory.
+            staged.messages.setdefault(tenant_id, []).extend(
+                (replace(out, kwargs={}), message) for out, message in prepared
+            )
 
     def _row(self, values: tuple[Any, ...]) -> OutboxRow:
         intern = self._interned.setdefault
@@ -249,12 +248,6 @@ class Stager:
             intern(tenant_id, tenant_id), intern(lane, lane),
             intern(available_at, available_at), shard,
         )  # fmt: skip
-
-    def _marks(self, cursor: CursorWrapper, shards: list[int]) -> dict[int, tuple[int, int]]:
-        """(lease generation, recalls) of the fenced `shards`; the caller holds the fence,
-        so neither can move until its transaction ends."""
-        cursor.execute(_RECALLS, [ShardLease.Role.RELAY, shards])
-        return {shard: (self.leases.held[shard], recalls) for shard, recalls in cursor.fetchall()}
 
     # -- step 3 --------------------------------------------------------------------------
 
@@ -269,11 +262,13 @@ class Stager:
             return result
         started = time.perf_counter()
         self._build(staged, full_only=False)
+        # Fenced: keep the shards whose marks held since their rows were read, and take the
+        # quotas (a deferral writes the outbox). The fence is then let go until the instant.
         with transaction.atomic(), connection.cursor() as cursor:
-            current = self._marks(cursor, self.leases.fenced_shards())
-            valid = {shard for shard, mark in staged.marks.items() if current.get(shard) == mark}
-            rows = [row for row in staged.rows.values() if row.shard in valid]
-            failed = {i: e for i, e in staged.failed.items() if staged.rows[i].shard in valid}
+            current = shard_marks(cursor, self.leases, self.leases.fenced_shards())
+            marks = {s: m for s, m in staged.marks.items() if current.get(s) == m}
+            rows = [row for row in staged.rows.values() if row.shard in marks]
+            failed = {i: e for i, e in staged.failed.items() if staged.rows[i].shard in marks}
             result.claimed = len(rows)
             if len(rows) < len(staged.rows):
                 log.info(
@@ -282,12 +277,14 @@ class Stager:
                 )
             if throttle is not None and rows:
                 rows = apply_quotas(cursor, rows, throttle, result)
-            by_id = {row.id: row for row in rows}
-            ordered = self._messages(staged, by_id, failed)
-            ready_at, lead = time.perf_counter(), staged.instant - timezone.now()
-            confirmed = (
-                publish_on_time(self.publisher, [ordered], by_id, failed, result) if ordered else {}
-            )
+        by_id = {row.id: row for row in rows}
+        ordered = self._messages(staged, by_id, failed)
+        ready_at, lead = time.perf_counter(), staged.instant - timezone.now()
+        confirmed = publish_on_time(
+            leases=self.leases, publisher=self.publisher, config=self.relay_config,
+            groups=[ordered] if ordered else [], by_id=by_id, marks=marks, failed=failed,
+            result=result,
+        )  # fmt: skip
         log.info(
             "staged publish of %s: %d rows ready in %.2f s, %.2f s before the instant; "
             "%d messages published in %.2f s",

@@ -113,8 +113,8 @@ def test_envelope_of_20_starts_4_at_once_on_4_free_slots(tenant_a, queue_prefix,
     assert starts[-1] - starts[0] < ENVELOPE * HANDLER_S / SLOTS + 2, starts
 
 
-def _envelope(tenant: Tenant, count: int, prefix: str) -> list[dict[str, Any]]:
-    """The items of the relay's envelope for `count` occurrences of `tenant` due now."""
+def _envelope(tenant: Tenant, count: int, prefix: str) -> dict[str, Any]:
+    """The arguments of the relay's envelope for `count` occurrences of `tenant` due now."""
     at = timezone.now()
     occs = [occurrence(schedule(tenant, name=f"item {i}"), at) for i in range(count)]
     rows = [
@@ -123,7 +123,7 @@ def _envelope(tenant: Tenant, count: int, prefix: str) -> list[dict[str, Any]]:
         for index, occ in enumerate(occs)
     ]  # fmt: skip
     [[message]] = build_messages(rows, relay_config(prefix))
-    return list(message.kwargs["occurrences"])
+    return dict(message.kwargs)
 
 
 @pytest.mark.django_db(transaction=True)
@@ -132,7 +132,7 @@ def test_envelope_not_confirmed_by_the_broker_is_requeued_and_runs_nothing(
 ):
     # given: an envelope of 3, and a worker publisher whose broker refuses connections
     settings.TICK_WORKER_OUTAGE_RETRY_S = 1
-    items = _envelope(tenant_a, 3, queue_prefix)
+    envelope = _envelope(tenant_a, 3, queue_prefix)
     refusing = Publisher(
         f"amqp://guest:guest@127.0.0.1:{free_port()}//", prefix=queue_prefix,
         partitions=settings.TICK_TENANT_PARTITIONS, celery_app=tasks.run_occurrences.app,
@@ -140,7 +140,7 @@ def test_envelope_not_confirmed_by_the_broker_is_requeued_and_runs_nothing(
     monkeypatch.setattr(tasks, "worker_publisher", lambda _app: refusing)
 
     # when: the envelope task runs
-    outcome = tasks.run_occurrences.apply(kwargs={"occurrences": items})
+    outcome = tasks.run_occurrences.apply(kwargs=envelope)
 
     # then: the message is rejected with requeue (not acknowledged), and no item ran here
     assert isinstance(outcome.result, Reject), outcome.result

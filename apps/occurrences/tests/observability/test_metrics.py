@@ -11,14 +11,15 @@ import pytest
 from django.conf import settings
 from django.db import connection
 from django.utils import timezone
-from prometheus_client import REGISTRY
+from prometheus_client import REGISTRY, CollectorRegistry, Histogram
 
 from apps.occurrences.audit.stuck import bounded_tenant_counts, stuck_scan
 from apps.occurrences.execution.claim import ClaimStatus, occurrence_claim
 from apps.occurrences.execution.complete import attempt_complete
 from apps.occurrences.execution.reaper import attempts_reap
 from apps.occurrences.models import DispatchOutbox, Lane, Occurrence, ShardLease
-from apps.occurrences.observability.metrics import measure_clock_skew
+from apps.occurrences.observability import metrics
+from apps.occurrences.observability.metrics import LAG_BUCKETS, measure_clock_skew
 from apps.occurrences.pipeline.broker import Publisher
 from apps.occurrences.pipeline.leases import LeaseSet
 from apps.occurrences.pipeline.materializer import materialize_pass
@@ -255,3 +256,22 @@ def test_hot_path_tenant_labels_stop_growing_at_the_limit() -> None:
     label = TenantLabels(2)
 
     assert [label(t) for t in ("a", "b", "c", "a", "d")] == ["a", "b", "other", "a", "other"]
+
+
+@pytest.mark.parametrize("value", [0.0, 0.3, 4.0, 7200.0])
+def test_observe_many_records_what_as_many_observe_calls_would(value: float) -> None:
+    registry = CollectorRegistry()
+    one_by_one = Histogram("one_by_one", "", buckets=LAG_BUCKETS, registry=registry)
+    together = Histogram("together", "", buckets=LAG_BUCKETS, registry=registry)
+
+    for _ in range(7):
+        one_by_one.observe(value)
+    metrics.observe_many(together, value, 7)
+
+    def samples(name: str) -> list[tuple[str, dict[str, str], float]]:
+        [family] = [m for m in registry.collect() if m.name == name]
+        return [(s.name.replace(name, ""), s.labels, s.value) for s in family.samples
+                if not s.name.endswith("_created")]  # fmt: skip
+
+    assert samples("together") == samples("one_by_one")
+    assert ("_count", {}, 7.0) in samples("together")

@@ -114,9 +114,12 @@ def test_a_burst_travels_in_per_tenant_envelopes_and_tenants_take_turns(queue_pr
         "tick.run_occurrence",
     ]  # fmt: skip
     assert sorted(k for m in messages for k in m.keys) == list(range(7))
-    envelope = messages[0].kwargs["occurrences"]
-    assert [item["occurrence_id"] for item in envelope] == [rows[0].occurrence_id,
-                                                             rows[1].occurrence_id]  # fmt: skip
+    envelope = messages[0].kwargs
+    # Tenant and lane said once per envelope; each item is what a claim needs.
+    assert (envelope["tenant_id"], envelope["lane"]) == (a, "strict")
+    assert envelope["occurrences"] == [
+        {"occurrence_id": row.occurrence_id, "scheduled_for": at.isoformat()} for row in rows[:2]
+    ]
 
 
 def test_rows_due_at_different_instants_are_published_in_instant_order(queue_prefix):

@@ -5,12 +5,14 @@ or beyond the memory bound go out with the next normal step."""
 from __future__ import annotations
 
 import json
+import threading
 import time
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from apps.occurrences.models import DispatchOutbox, Occurrence, ShardLease
@@ -165,3 +167,40 @@ def test_an_instant_below_the_threshold_is_left_to_the_normal_step(
 def test_round_robin_takes_one_of_each_in_turn():
     turns: list[list[str]] = [["a1", "a2", "a3"], [], ["b1"], ["c1", "c2"]]
     assert round_robin(turns) == ["a1", "b1", "c1", "a2", "c2", "a3"]
+
+
+@pytest.mark.django_db(transaction=True)  # the relay step runs on its own thread/connection
+def test_a_schedule_change_does_not_wait_while_the_relay_waits_for_an_instant(
+    tenant_a, queue_prefix, publisher
+):
+    at = timezone.now() + timedelta(seconds=LEAD_S)
+    schedules = _one_shots(tenant_a, 3, at)
+    relay_leases = leases(ShardLease.Role.RELAY)
+    config = replace(relay_config(queue_prefix), lookahead_ms=3000)
+
+    def step() -> None:
+        try:
+            relay_step(leases=relay_leases, publisher=publisher, config=config)
+        finally:
+            connection.close()
+
+    # The step reads the rows (due within its look-ahead), then waits ~2.5 s for their instant.
+    while (at - timezone.now()).total_seconds() > 2.5:
+        time.sleep(0.05)
+    relay = threading.Thread(target=step)
+    relay.start()
+    time.sleep(0.5)
+
+    started = time.monotonic()
+    _recall(schedules[0])  # takes the shard's relay barrier
+    waited = time.monotonic() - started
+    relay.join()
+
+    # The change went through while the step waited for the instant, not after its publish;
+    # the step then left the recalled shard's rows alone.
+    assert timezone.now() >= at
+    assert waited < 1.0
+    recalled = Occurrence.objects.get(schedule=schedules[0])
+    queued = _queued_ids(publisher, queue_prefix)
+    assert str(recalled.id) not in queued
+    assert recalled.state == Occurrence.State.CANCELED
