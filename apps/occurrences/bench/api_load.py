@@ -56,7 +56,13 @@ from apps.occurrences.bench.fixtures import (
     bench_tenants_delete,
     cron_definition,
 )
-from apps.occurrences.bench.processes import ROOT, delete_topology, services_cpu, tree_cpu_s
+from apps.occurrences.bench.processes import (
+    ROOT,
+    delete_topology,
+    proc_cpu_s,
+    services_cpu,
+    tree_cpu_s,
+)
 from apps.schedules.models import Schedule
 from apps.tenants.models import Tenant
 from apps.tenants.services import api_key_create
@@ -566,11 +572,16 @@ def _measure_endpoint(
     base_url: str, key: str, ids: Sequence[str], op: str, clients: int, seconds: float,
     server: WebServer | None,
 ) -> tuple[Stats, dict[str, float]]:  # fmt: skip
-    web_before, services_before = (server.cpu_s() if server else 0.0), services_cpu()
+    """The run's figures and CPU ms per answered request: the server's process tree (when
+    started here), the services (whole PostgreSQL and RabbitMQ, so whatever else runs on the
+    machine counts too) and this process, the clients (`bench`), which share the machine."""
+    web_before = server.cpu_s() if server else 0.0
+    services_before, bench_before = services_cpu(), proc_cpu_s(os.getpid())
     samples, elapsed = drive_for(base_url, key, clients, seconds, endpoint_step(op, ids, clients))
     stats = summarize(samples, elapsed)
     answered = max(1, len(samples) - stats.statuses.get(str(NO_RESPONSE), 0))
     cpu = {name: after - services_before[name] for name, after in services_cpu().items()}
+    cpu["bench"] = proc_cpu_s(os.getpid()) - bench_before
     if server is not None:
         cpu = {"web": server.cpu_s() - web_before, **cpu}
     return stats, {name: round(1000 * s / answered, 2) for name, s in cpu.items()}

@@ -123,7 +123,8 @@ def test_a_tiny_real_run_measures_the_started_server_and_cleans_up(no_web_url, m
     assert read["errors"] == 0 and read["requests"] > 0
     assert read["rps"] > 0 and 0 < read["p50_ms"] <= read["p99_ms"] <= read["max_ms"]
     assert report.own_server and report.db_login.endswith("tick_web")
-    assert report.cpu_ms_per_request["read"]["1"]["web"] > 0
+    cpu = report.cpu_ms_per_request["read"]["1"]
+    assert cpu["web"] > 0 and cpu["bench"] > 0 and set(cpu) >= {"postgresql", "rabbitmq"}
     assert list(report.endpoints) == ["read"]
     # The change mix went through the real API without an error, before and during the burst.
     during = report.during_burst
