@@ -268,7 +268,12 @@ def bench_burst(
     materializers: int = 1,
     relays: int = 1,
     log: Callable[[str], object] | None = None,
+    on_started: Callable[[datetime], object] | None = None,
+    on_delivered: Callable[[], object] | None = None,
 ) -> BurstReport:
+    """`on_started(instant)` is called once the pipeline processes run, `on_delivered()` once
+    the burst is delivered (or timed out), before the report and the cleanup: a caller
+    measuring something else during the burst (`bench.api_load`) times itself by them."""
     say = log or (lambda message: None)
     prefix = f"tick-bench-{uuid.uuid4().hex[:8]}"
     broker_url = settings.CELERY_BROKER_URL
@@ -304,10 +309,14 @@ def bench_burst(
             f"{materializers} materializer(s) and {relays} relay(s) started; "
             f"instant in {(burst.instant - now).total_seconds():.0f} s"
         )
+        if on_started is not None:
+            on_started(burst.instant)
         materialized_at = _wait_materialized(burst, timeout_s + lead_s)
         _wait_delivered(
             burst, consumer, burst.instant + timedelta(seconds=timeout_s + flexible_window_s)
         )
+        if on_delivered is not None:
+            on_delivered()
         cpu, rss = procs.usage(services_before, own_kind="bench+consumer")
         return _report(
             burst, consumer.arrivals, materializers=materializers, relays=relays,
