@@ -46,6 +46,12 @@ from apps.occurrences.bench.processes import (
     delete_topology,
     services_cpu,
 )
+from apps.occurrences.bench.sizes import (
+    GROWING_TABLES,
+    due_scan_plan,
+    index_sizes,
+    relation_sizes,
+)
 from apps.occurrences.models import Occurrence
 from apps.occurrences.pipeline.queues import all_queue_names
 from apps.schedules.models import Schedule
@@ -93,6 +99,11 @@ class BurstReport:
     materialize_s: float
     cpu: dict[str, float] = field(default_factory=dict)
     peak_rss_mb: dict[str, float] = field(default_factory=dict)
+    # With extra active schedules: their load time, what the database holds, the due scan.
+    extra_load_s: float = 0.0
+    sizes: dict[str, dict[str, float]] = field(default_factory=dict)
+    schedule_index_mib: dict[str, float] = field(default_factory=dict)
+    due_scan_plan: list[str] = field(default_factory=list)
 
     def lines(self) -> list[str]:
         return [
@@ -109,6 +120,17 @@ class BurstReport:
             f"{self.duplicates}, early {self.early}, spread {self.spread_s:.1f} s",
             f"  cpu s: {self.cpu}",
             f"  peak rss MiB: {self.peak_rss_mb}",
+            *self._database_lines(),
+        ]
+
+    def _database_lines(self) -> list[str]:
+        if not self.sizes:
+            return []
+        return [
+            f"  extra active loaded in {self.extra_load_s:.0f} s; sizes: {self.sizes}",
+            f"  schedule indexes MiB: {self.schedule_index_mib}",
+            "  due scan:",
+            *(f"    {line}" for line in self.due_scan_plan),
         ]
 
 
@@ -270,10 +292,13 @@ def bench_burst(
     log: Callable[[str], object] | None = None,
     on_started: Callable[[datetime], object] | None = None,
     on_delivered: Callable[[], object] | None = None,
+    keep: bool = False,
 ) -> BurstReport:
     """`on_started(instant)` is called once the pipeline processes run, `on_delivered()` once
     the burst is delivered (or timed out), before the report and the cleanup: a caller
-    measuring something else during the burst (`bench.api_load`) times itself by them."""
+    measuring something else during the burst (`bench.api_load`) times itself by them.
+    `keep` leaves every row in place (a scratch database: deleting 20M rows takes longer
+    than loading them)."""
     say = log or (lambda message: None)
     prefix = f"tick-bench-{uuid.uuid4().hex[:8]}"
     broker_url = settings.CELERY_BROKER_URL
@@ -283,8 +308,10 @@ def bench_burst(
     procs = BenchProcesses(prefix, logs)
     consumer = _Consumer(broker_url, all_queue_names(prefix, settings.TICK_TENANT_PARTITIONS))
     try:
+        loading = time.monotonic()
         if extra_active:
             _load_extra_active(tenant_ids, weights, extra_active, say)
+        extra_load_s = time.monotonic() - loading
         now = timezone.now()
         burst = _Burst(
             tenant_ids=tenant_ids,
@@ -318,17 +345,33 @@ def bench_burst(
         if on_delivered is not None:
             on_delivered()
         cpu, rss = procs.usage(services_before, own_kind="bench+consumer")
-        return _report(
+        report = _report(
             burst, consumer.arrivals, materializers=materializers, relays=relays,
             materialized_before_instant=materialized_at < burst.instant,
             materialize_s=(materialized_at - started_at).total_seconds(), cpu=cpu, rss=rss,
         )  # fmt: skip
+        if extra_active:
+            _add_database_figures(report, extra_load_s)
+        return report
     finally:
         procs.stop()
         _stop_consumer(consumer)
-        say("cleaning up…")
-        bench_tenants_delete(tenant_ids)
+        if keep:
+            say(f"rows left in place (tenants {', '.join(str(t) for t in tenant_ids)})")
+        else:
+            say("cleaning up…")
+            bench_tenants_delete(tenant_ids)
         delete_topology(broker_url, prefix)
+
+
+def _add_database_figures(report: BurstReport, extra_load_s: float) -> None:
+    with connection.cursor() as cursor:
+        for table in GROWING_TABLES:
+            cursor.execute(f"ANALYZE {table}")
+    report.extra_load_s = round(extra_load_s, 1)
+    report.sizes = relation_sizes()
+    report.schedule_index_mib = index_sizes("schedules_schedule")
+    report.due_scan_plan = due_scan_plan()
 
 
 # -- the report ----------------------------------------------------------------------------

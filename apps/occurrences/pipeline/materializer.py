@@ -221,7 +221,7 @@ def _plan(row: _Row, now: datetime, horizon: datetime, config: MaterializeConfig
 # burst: 250 batches x up to 500k rows). Without it the index is read shard after shard,
 # oldest first within each, and stops at the limit. Across shards, `_claim_due` takes the
 # instants nearest first by asking for them in two time ranges.
-_SELECT_DUE = f"""
+SELECT_DUE = f"""
     SELECT id, tenant_id, kind, expression, time_zone, dst_gap, dst_fold, version, next_run_at,
            precision, flexible_window_s, misfire_policy, max_lateness_s, catchup_limit, end_at,
            shard
@@ -333,7 +333,7 @@ def _claim_due(
     for after, until in ((DISTANT_PAST, min(urgent, horizon)), (urgent, horizon)):
         if until <= after or len(rows) >= limit:
             continue
-        cursor.execute(_SELECT_DUE, {
+        cursor.execute(SELECT_DUE, {
             "shards": shards, "after": after, "until": until, "limit": limit - len(rows),
         })  # fmt: skip
         rows.extend(_Row(*values) for values in cursor.fetchall())

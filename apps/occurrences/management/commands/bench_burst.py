@@ -16,6 +16,7 @@ BURST_PARAMETERS = (
     "timeout_s",
     "materializers",
     "relays",
+    "keep",
 )
 
 
@@ -41,6 +42,10 @@ class Command(BaseCommand):
                             default=120.0)  # fmt: skip
         parser.add_argument("--materializers", type=int, default=1, help="processes")
         parser.add_argument("--relays", type=int, default=1, help="processes")
+        parser.add_argument(
+            "--keep", action="store_true",
+            help="leave every row in place (use a scratch database)",
+        )  # fmt: skip
         parser.add_argument("--json", action="store_true", help="only the JSON line")
 
     def handle(self, *args: Any, **options: Any) -> None:
