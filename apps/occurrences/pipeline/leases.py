@@ -13,7 +13,9 @@ Each materializer (and relay) process holds a fair share of the N logical shards
 
 from __future__ import annotations
 
+import logging
 import math
+import threading
 from dataclasses import dataclass, field
 
 from django.db import connection, transaction
@@ -21,6 +23,8 @@ from django.db.backends.utils import CursorWrapper
 
 from apps.occurrences.models import ShardLease
 from apps.occurrences.observability import metrics
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -31,8 +35,35 @@ class LeaseSet:
     ttl_s: int
     held: dict[int, int] = field(default_factory=dict)  # shard -> generation
 
+    # Serialises `refresh` and `extend` (the heartbeat's thread): two UPDATEs of the same
+    # lease rows in different orders could deadlock.
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
     def refresh(self) -> dict[int, int]:
         """Step 1 of the module docstring, in one transaction; returns shard -> generation."""
+        with self._lock:
+            return self._refresh()
+
+    def extend(self) -> int:
+        """Push back the expiry of the leases still held (same owner and generation, not
+        expired); returns how many. Takes and releases nothing: that is `refresh`'s."""
+        held = dict(self.held)
+        if not held:
+            return 0
+        with self._lock, connection.cursor() as cursor:
+            cursor.execute(
+                """
+                UPDATE occurrences_shardlease l
+                SET lease_expires_at = now() + make_interval(secs => %s)
+                FROM unnest(%s::int[], %s::bigint[]) AS h(shard, generation)
+                WHERE l.role = %s AND l.owner = %s AND l.shard = h.shard
+                  AND l.generation = h.generation AND l.lease_expires_at > now()
+                """,
+                [self.ttl_s, list(held), list(held.values()), self.role, self.owner],
+            )
+            return int(cursor.rowcount)
+
+    def _refresh(self) -> dict[int, int]:
         with transaction.atomic(), connection.cursor() as cursor:
             self._ensure_lease_rows(cursor)
             held = self._renew(cursor)
@@ -176,3 +207,30 @@ def relay_shard_barrier(shard: int) -> None:
             "WHERE role = %s AND shard = %s",
             [ShardLease.Role.RELAY, shard],
         )
+
+
+class LeaseHeartbeat(threading.Thread):
+    """Extends this process's leases every ttl/3 on its own connection, so that one unit of
+    work running longer than the TTL (a 500k burst's publish and record) does not lose its
+    shards midway: losing them makes the next owner publish the same rows again. Nothing
+    else changes hands here; every write is still fenced."""
+
+    def __init__(self, leases: LeaseSet) -> None:
+        super().__init__(name=f"{leases.role}-lease-heartbeat", daemon=True)
+        self.leases = leases
+        self._stopped = threading.Event()
+
+    def run(self) -> None:
+        try:
+            while not self._stopped.wait(max(self.leases.ttl_s / 3, 0.5)):
+                try:
+                    self.leases.extend()
+                except Exception:  # noqa: BLE001 - the loop's refresh is the fallback
+                    log.warning("could not extend %s leases", self.leases.role, exc_info=True)
+                    connection.close()
+        finally:
+            connection.close()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self.join(timeout=5)

@@ -24,7 +24,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from apps.occurrences.observability import metrics
 from apps.occurrences.observability.health import ProcessHealth, serve_process
-from apps.occurrences.pipeline.leases import LeaseSet
+from apps.occurrences.pipeline.leases import LeaseHeartbeat, LeaseSet
 from apps.occurrences.pipeline.outages import (
     Backoff,
     Dependency,
@@ -95,6 +95,9 @@ def run_loop(
     if metrics_port:
         serve_process(metrics_port, health)
     stop = StopFlag()
+    heartbeat = LeaseHeartbeat(leases) if leases is not None and not once else None
+    if heartbeat is not None:
+        heartbeat.start()
     iteration = _GuardedIteration(
         role=role, owner=owner, unit=unit, idle_sleep_s=idle_sleep_s, health=health, leases=leases
     )
@@ -108,6 +111,8 @@ def run_loop(
     finally:
         if before_release is not None:
             before_release()
+        if heartbeat is not None:
+            heartbeat.stop()
         if leases is not None:
             try:
                 leases.release()
