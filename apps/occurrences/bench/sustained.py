@@ -599,12 +599,6 @@ def _reconcile_tenants(
     return dict(sorted(counts.items()))
 
 
-def _sleep_until(instant: datetime) -> None:
-    remaining = (instant - timezone.now()).total_seconds()
-    if remaining > 0:
-        time.sleep(remaining)
-
-
 def _check_running(procs: BenchProcesses) -> None:
     if exited := procs.exited():
         raise RuntimeError(f"bench processes exited: {exited} (logs in {procs.logs})")
@@ -614,7 +608,9 @@ def _measure(
     procs: BenchProcesses, start: datetime, minutes: int, say: Callable[[str], object]
 ) -> list[MinuteSamples]:
     """Readings at each minute boundary and outbox depth every SAMPLE_EVERY_S between."""
-    _sleep_until(start)
+    while timezone.now() < start:  # the warm-up
+        _check_running(procs)
+        time.sleep(min(1.0, max(0.0, (start - timezone.now()).total_seconds())))
     before = take_reading(procs)
     samples = []
     for n in range(1, minutes + 1):
@@ -634,9 +630,12 @@ def _measure(
 
 
 def _drain(tenant_ids: list[uuid.UUID], start: datetime, end: datetime) -> None:
-    """Until every row due in the window is enqueued, or DRAIN_S."""
+    """Until every row due in the window is enqueued, or DRAIN_S. Only the last minutes are
+    polled (a flexible window and one minute): earlier rows show as not enqueued anyway, and
+    a day's window is too large to scan every second."""
     deadline = time.monotonic() + DRAIN_S
-    params = _window_params(tenant_ids, start, end)
+    recent = max(start, end - timedelta(seconds=FLEXIBLE_WINDOW_S + 60))
+    params = _window_params(tenant_ids, recent, end)
     while time.monotonic() < deadline:
         with connection.cursor() as cursor:
             cursor.execute(
@@ -731,6 +730,9 @@ def _report(
     every = list(figures.overall.values())
     missing = counts.get("missing", 0)
     reasons = judge(rows, per_minute=plan.per_minute, missing=missing)
+    for kind in ("unexpected", "stranded"):
+        if counts.get(kind):
+            reasons.append(f"{counts[kind]} {kind} (reconcile)")
     if consumer_missing:
         reasons.append(f"{consumer_missing} enqueued but never received")
     cpu: dict[str, float] = {}

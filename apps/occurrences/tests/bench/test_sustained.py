@@ -20,10 +20,12 @@ from apps.occurrences.bench.sustained import (
     Reading,
     SpreadPlan,
     StoredFigures,
+    _report,
     consumer_check,
     judge,
     minute_rows,
     minute_samples,
+    report_json,
     stored_figures,
 )
 from apps.occurrences.models import Lane, Occurrence
@@ -216,3 +218,29 @@ def test_minute_rows_fill_empty_minutes_with_zeros():
     assert [(r.strict, r.strict_p99_s, r.flexible) for r in rows] == [(0, None, 0)] * 2
     assert rows[1].minute == (START + timedelta(minutes=1)).isoformat()
     assert timezone.is_aware(datetime.fromisoformat(rows[0].minute))
+
+
+def test_the_summary_takes_the_worst_minute_sums_cpu_and_counts_audit_findings():
+    figures = StoredFigures()
+    for n, p99 in enumerate([0.4, 2.5]):
+        figures.minutes[START + timedelta(minutes=n)] = {
+            Lane.STRICT: LaneFigures(count=10, enqueued=10, p99_s=p99)
+        }
+    figures.overall[Lane.STRICT] = LaneFigures(count=20, enqueued=20, p99_s=2.4, early=0)
+    figures.overall[Lane.FLEXIBLE] = LaneFigures(count=6, enqueued=5, p99_s=0.3)
+    samples = [
+        MinuteSamples({"relay": 1.5}, 100, 0, 0, [], [], 0, 0, 0),
+        MinuteSamples({"relay": 2.0}, 50, 0, 0, ["occurrences_occurrence_p20260106"], [], 0, 0, 0),
+    ]
+    report = _report(
+        SpreadPlan(20, 0.5, 2), figures, samples, start=START, minutes=2, warmup_minutes=0,
+        materializers=1, relays=1, counts={"missing": 0, "pending": 26, "unexpected": 2},
+        consumer_missing=1, duplicates=0, received=25,
+    )  # fmt: skip
+    assert report.worst_minute_strict_p99_s == 2.5 and report.strict_p99_s == 2.4
+    assert report.not_enqueued == 1 and report.cpu_s == {"relay": 3.5}
+    assert report.wal_bytes == 150
+    assert report.partitions_created == ["occurrences_occurrence_p20260106"]
+    assert not report.held
+    assert report.not_held_because == ["2 unexpected (reconcile)", "1 enqueued but never received"]
+    assert report_json(report).startswith("{") and report.lines()[-1].startswith("  held: False")
