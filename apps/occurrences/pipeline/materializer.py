@@ -486,8 +486,16 @@ def _event(row: _Row, kind: str, now: datetime, detail: dict[str, Any]) -> Sched
     )
 
 
-def materialize_pass(*, leases: LeaseSet, now: datetime, config: MaterializeConfig) -> BatchResult:
-    """Run batches until the held shards have nothing due inside the planning window."""
+def materialize_pass(
+    *,
+    leases: LeaseSet,
+    now: datetime,
+    config: MaterializeConfig,
+    budget_s: float | None = None,
+) -> BatchResult:
+    """Run batches until the held shards have nothing due inside the planning window, or
+    until `budget_s` has passed: the caller's loop then refreshes the leases (a process
+    that has just joined gets its share of a 500k burst) and calls again with a new `now`."""
     partitions_ensure({now.date(), (now + timedelta(seconds=config.window_s)).date()})
     total = BatchResult()
     started = time.monotonic()
@@ -496,6 +504,8 @@ def materialize_pass(*, leases: LeaseSet, now: datetime, config: MaterializeConf
         batch = materialize_batch(leases=leases, now=now, config=config, elapsed=elapsed)
         total += batch
         if batch.schedules < config.batch_size:
+            return total
+        if budget_s is not None and time.monotonic() - started >= budget_s:
             return total
 
 

@@ -298,6 +298,18 @@ def record_confirmed(*, leases: LeaseSet, batch: ConfirmedBatch) -> int:
     return len(ids)
 
 
+# Rows recorded per transaction. Each holds the shard fence (FOR SHARE on the lease rows)
+# while it runs, and the lease heartbeat's renewal waits for it: 500k rows in one statement
+# held it for 40 s here, past the lease TTL, and the shards were lost midway.
+RECORD_CHUNK_ROWS = 20_000
+
+
+def _record_chunks(batch: ConfirmedBatch) -> Iterator[ConfirmedBatch]:
+    ids = list(batch.rows)
+    for start in range(0, len(ids), RECORD_CHUNK_ROWS):
+        yield ConfirmedBatch({i: batch.rows[i] for i in ids[start : start + RECORD_CHUNK_ROWS]})
+
+
 class Recorder(threading.Thread):
     """Records confirmed batches in order on its own database connection, while the relay
     goes on publishing. `inflight` holds outbox ids published but not yet recorded; the
@@ -323,21 +335,25 @@ class Recorder(threading.Thread):
     def run(self) -> None:
         try:
             while (batch := self.queue.get()) is not None:
-                try:
-                    started = time.perf_counter()
-                    recorded = record_confirmed(leases=self.leases, batch=batch)
-                    log.info("recorded %d rows in %.2f s", recorded, time.perf_counter() - started)
-                except Exception as exc:  # noqa: BLE001 - rows stay in the outbox: republished
-                    log.exception("recording failed; rows will be republished")
-                    self.failed = exc
-                    # A connection the server terminated fails again on reuse; a new one
-                    # works as soon as the database is back.
-                    drop_database_connection()
-                finally:
-                    with self._lock:
-                        self.inflight.difference_update(batch.rows)
+                for chunk in _record_chunks(batch):
+                    self._record(chunk)
         finally:
             connection.close()
+
+    def _record(self, batch: ConfirmedBatch) -> None:
+        try:
+            started = time.perf_counter()
+            recorded = record_confirmed(leases=self.leases, batch=batch)
+            log.info("recorded %d rows in %.2f s", recorded, time.perf_counter() - started)
+        except Exception as exc:  # noqa: BLE001 - rows stay in the outbox: republished
+            log.exception("recording failed; rows will be republished")
+            self.failed = exc
+            # A connection the server terminated fails again on reuse; a new one works as
+            # soon as the database is back.
+            drop_database_connection()
+        finally:
+            with self._lock:
+                self.inflight.difference_update(batch.rows)
 
     def stop(self) -> None:
         self.queue.put(None)

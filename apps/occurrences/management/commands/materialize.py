@@ -24,7 +24,11 @@ class Command(LoopCommand):
         config = MaterializeConfig.from_settings()
 
         def unit() -> int:
-            result = materialize_pass(leases=leases, now=timezone.now(), config=config)
+            # A pass gives the loop back its turn every lease refresh interval, so the shards
+            # are rebalanced while a long burst is being materialized.
+            result = materialize_pass(
+                leases=leases, now=timezone.now(), config=config, budget_s=leases.ttl_s / 3
+            )
             if result.schedules:
                 log.info(
                     "materialized %d schedules: %d occurrences (%d outboxed, %d conflicts, "

@@ -238,3 +238,40 @@ def test_ten_minute_outage_of_an_every_minute_schedule(
     assert fired_at == [datetime(2026, 12, 2, 11, 59 - k, tzinfo=UTC) for k in range(fired)][::-1]
     on_time = Occurrence.objects.get(schedule=schedule, scheduled_for=now)
     assert on_time.lane == Lane.STRICT
+
+
+def test_a_pass_past_its_budget_hands_back_after_the_batch_and_the_next_goes_on(tenant_a):
+    # given: five due schedules and batches of two
+    for _ in range(5):
+        make_schedule(tenant_a, next_run_at=datetime(2026, 12, 2, 12, 1, tzinfo=UTC))
+    config = materialize_config(window_s=30, batch_size=2)
+
+    # when: a pass whose time budget is already spent
+    first = materialize_pass(leases=leases(), now=NOW, config=config, budget_s=0)
+
+    # then: it stopped after one batch (the loop refreshes the leases), and the next pass
+    # takes the rest
+    assert first.schedules == 2
+    rest = materialize_pass(leases=leases(), now=NOW, config=config, budget_s=0)
+    rest += materialize_pass(leases=leases(), now=NOW, config=config)
+    assert first.schedules + rest.schedules == 5
+    assert Occurrence.objects.count() == 5
+
+
+def test_instants_due_soonest_are_claimed_before_later_ones_across_shards(tenant_a):
+    # given: one schedule due in 100 s in the first shard, one due now in the last: the due
+    # index is read shard after shard, so only the time ranges put the sooner one first
+    later = make_schedule(tenant_a, next_run_at=NOW + timedelta(seconds=100))
+    sooner = make_schedule(tenant_a, next_run_at=NOW)
+    Schedule.objects.filter(id=later.id).update(shard=0)
+    Schedule.objects.filter(id=sooner.id).update(shard=255)
+
+    # when: a batch of one
+    materialize_pass(
+        leases=leases(), now=NOW, config=materialize_config(window_s=120, batch_size=1),
+        budget_s=0,
+    )  # fmt: skip
+
+    # then: the one due now went first
+    assert set(Occurrence.objects.values_list("schedule_id", flat=True)) == {sooner.id}
+    assert not Occurrence.objects.filter(schedule=later).exists()

@@ -11,6 +11,7 @@ import pytest
 from django.utils import timezone
 
 from apps.occurrences.models import DispatchOutbox, Occurrence, ShardLease
+from apps.occurrences.pipeline import relay
 from apps.occurrences.pipeline.materializer import materialize_pass
 from apps.occurrences.pipeline.queues import queue_name, tenant_partition
 from apps.occurrences.pipeline.relay import OutboxRow, Recorder, build_messages, relay_step
@@ -195,6 +196,38 @@ def test_recorder_thread_records_and_the_next_step_skips_rows_in_flight(
     assert occurrence.state == Occurrence.State.ENQUEUED
     assert DispatchOutbox.objects.count() == 0
     assert recorder.inflight_ids() == []
+
+
+@pytest.mark.django_db(transaction=True)  # the recorder thread has its own connection
+def test_a_big_batch_is_recorded_in_chunks_each_its_own_transaction(
+    tenant_a, queue_prefix, publisher, monkeypatch, caplog
+):
+    # given: five rows published in one step, and chunks of two
+    monkeypatch.setattr(relay, "RECORD_CHUNK_ROWS", 2)
+    run_at = timezone.now() - timedelta(seconds=1)
+    for _ in range(5):
+        make_schedule(
+            tenant_a, kind=Schedule.Kind.ONE_SHOT, expression="", run_at=run_at,
+            next_run_at=run_at,
+        )  # fmt: skip
+    materialize_pass(leases=leases(), now=timezone.now(), config=materialize_config())
+    relay_leases = leases(ShardLease.Role.RELAY)
+    recorder = Recorder(relay_leases)
+    relay_step(
+        leases=relay_leases, publisher=publisher, config=relay_config(queue_prefix),
+        recorder=recorder,
+    )  # fmt: skip
+
+    # when
+    with caplog.at_level("INFO", logger=relay.__name__):
+        recorder.start()
+        recorder.stop()
+
+    # then: three short transactions (each holds the shard fence only that long), all recorded
+    recorded = [r.getMessage().split()[1] for r in caplog.records if "recorded" in r.getMessage()]
+    assert recorded == ["2", "2", "1"]
+    assert set(Occurrence.objects.values_list("state", flat=True)) == {Occurrence.State.ENQUEUED}
+    assert not DispatchOutbox.objects.exists()
 
 
 def test_a_poison_row_is_parked_after_bounded_tries_while_the_rest_keep_flowing(
