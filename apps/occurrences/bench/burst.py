@@ -209,6 +209,10 @@ def _load_due(burst: _Burst, weights: list[int], say: Callable[[str], object]) -
 # -- processes -----------------------------------------------------------------------------
 
 
+CONSUMER_PREFETCH = 5000
+CONSUMER_ACK_EVERY = 200
+
+
 class _Consumer(threading.Thread):
     """Independent consumer: its own AMQP connection; records every occurrence it receives."""
 
@@ -225,7 +229,15 @@ class _Consumer(threading.Thread):
 
         conn, _ = connect_any(self.broker_url)
         channel = conn.channel()
-        channel.basic_qos(0, 1000, False)
+        # Acks settle in batches (`multiple`): on a quorum queue every ack is a log entry of
+        # its own, and one per message made the consumer, not the queue, the bottleneck.
+        channel.basic_qos(0, CONSUMER_PREFETCH, False)
+        unacked: list[int] = []
+
+        def ack_received() -> None:
+            if unacked:
+                channel.basic_ack(unacked[-1], multiple=True)
+                unacked.clear()
 
         def on_message(message: Any) -> None:
             arrived = time.time()
@@ -233,7 +245,9 @@ class _Consumer(threading.Thread):
             items = kwargs.get("occurrences") or [kwargs]
             for item in items:
                 self.arrivals.setdefault(item["occurrence_id"], []).append(arrived)
-            channel.basic_ack(message.delivery_tag)
+            unacked.append(message.delivery_tag)
+            if len(unacked) >= CONSUMER_ACK_EVERY:
+                ack_received()
 
         for queue in self.queues:
             channel.basic_consume(queue, callback=on_message)
@@ -242,7 +256,8 @@ class _Consumer(threading.Thread):
             try:
                 conn.drain_events(timeout=0.2)
             except TimeoutError:
-                pass
+                ack_received()
+        ack_received()
         conn.close()
 
 

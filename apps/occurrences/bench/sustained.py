@@ -45,7 +45,7 @@ from django.db import connection
 from django.utils import timezone
 
 from apps.occurrences.audit.reconcile import reconcile
-from apps.occurrences.bench.burst import PIPELINE_COMMANDS
+from apps.occurrences.bench.burst import CONSUMER_ACK_EVERY, CONSUMER_PREFETCH, PIPELINE_COMMANDS
 from apps.occurrences.bench.fixtures import (
     ScheduleBatch,
     bench_tenants,
@@ -186,7 +186,15 @@ class IdConsumer(threading.Thread):
 
         conn, _ = connect_any(self.broker_url)
         channel = conn.channel()
-        channel.basic_qos(0, 1000, False)
+        # Acks settle in batches, as in bench.burst's consumer (a quorum queue logs each).
+        channel.basic_qos(0, CONSUMER_PREFETCH, False)
+        unacked: list[int] = []
+
+        def ack_received() -> None:
+            if unacked:
+                channel.basic_ack(unacked[-1], multiple=True)
+                unacked.clear()
+
         with self.path.open("w", encoding="ascii") as out:
 
             def on_message(message: Any) -> None:
@@ -194,7 +202,9 @@ class IdConsumer(threading.Thread):
                 for item in kwargs.get("occurrences") or [kwargs]:
                     out.write(item["occurrence_id"] + "\n")
                     self.received += 1
-                channel.basic_ack(message.delivery_tag)
+                unacked.append(message.delivery_tag)
+                if len(unacked) >= CONSUMER_ACK_EVERY:
+                    ack_received()
 
             for queue in self.queues:
                 channel.basic_consume(queue, callback=on_message)
@@ -203,7 +213,8 @@ class IdConsumer(threading.Thread):
                 try:
                     conn.drain_events(timeout=0.2)
                 except TimeoutError:
-                    pass
+                    ack_received()
+            ack_received()
         conn.close()
 
 

@@ -72,8 +72,10 @@ class StageConfig:
     horizon_s: float
     max_rows: int
     probe_every_s: float = 1.0
-    stop_before_s: float = 2.0
-    publish_lead_s: float = 1.0
+    # The last chunk (~1 s for 50k rows here) must end before the publish starts, and the
+    # publish's preparation (marks, quotas: ~0.7 s for 500k rows) before the instant.
+    stop_before_s: float = 4.0
+    publish_lead_s: float = 2.5
 
     @classmethod
     def from_settings(cls) -> StageConfig:
