@@ -33,6 +33,7 @@ from django.db import connection
 from django.db.models import QuerySet
 from django.utils import timezone
 
+from apps.occurrences.bench.bulk_load import load_not_due_schedules
 from apps.occurrences.bench.fixtures import (
     ScheduleBatch,
     bench_tenants,
@@ -186,10 +187,14 @@ def _load_extra_active(
     tenant_ids: list[uuid.UUID], weights: list[int], count: int, say: Callable[[str], object]
 ) -> None:
     say(f"loading {count:,} extra active schedules (due next year)…")
-    _copy_schedules(
-        tenant_ids, weights, count, expression="0 0 1 1 *",
+    expression = "0 0 1 1 *"
+    load_not_due_schedules(
+        tenant_ids, weights, count, expression=expression,
         next_run_at=datetime(timezone.now().year + 1, 1, 1, tzinfo=UTC),
-        precision=Schedule.Precision.STRICT, window_s=0,
+        definition=cron_definition(
+            expression, precision=Schedule.Precision.STRICT, window_s=0
+        ),
+        say=say,
     )  # fmt: skip
 
 
