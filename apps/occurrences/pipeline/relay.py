@@ -107,7 +107,7 @@ _CLAIM = """
            tenant_id::text, lane, available_at, shard
     FROM occurrences_dispatchoutbox
     WHERE shard = ANY(%s) AND available_at <= %s AND id <> ALL(%s::bigint[])
-      AND lane = ANY(%s) AND parked_at IS NULL
+      AND lane = ANY(%s) AND parked_at IS NULL AND available_at <> ALL(%s::timestamptz[])
     ORDER BY available_at
     LIMIT %s
 """
@@ -332,6 +332,10 @@ class Recorder(threading.Thread):
         with self._lock:
             return list(self.inflight)
 
+    def any_inflight(self, ids: frozenset[int]) -> bool:
+        with self._lock:
+            return not self.inflight.isdisjoint(ids)
+
     def run(self) -> None:
         try:
             while (batch := self.queue.get()) is not None:
@@ -428,10 +432,13 @@ def relay_step(
     recorder: Recorder | None = None,
     throttle: TenantThrottle | None = None,
     before: datetime | None = None,
+    skip: Sequence[datetime] = (),
 ) -> RelayResult:
     """Read, publish and record one batch (module docstring, steps 1-3). Without a
     `recorder`, recording happens before returning. With `before`, only rows due earlier are
-    read: the instant a `Stager` holds is its to publish, and a step must not sleep past it."""
+    read: the instant a `Stager` holds is its to publish, and a step must not sleep past it.
+    Rows due at a `skip` instant are not read (a staged burst still being recorded: its
+    100k+ published rows would be scanned by every read until then; `Stager.settling`)."""
     result = RelayResult()
     failed: dict[int, str] = {}
     # The read is fenced; the fence is then let go while the messages are built and their
@@ -444,7 +451,7 @@ def relay_step(
             return result
         started = time.perf_counter()
         marks = shard_marks(cursor, leases, shards)
-        rows = _read_due(cursor, shards, config, recorder, before)
+        rows = _read_due(cursor, shards, config, recorder, before, skip)
         result.claimed = len(rows)
         if throttle is not None and rows:
             rows = apply_quotas(cursor, rows, throttle, result)
@@ -490,6 +497,7 @@ def _read_due(
     config: RelayConfig,
     recorder: Recorder | None,
     before: datetime | None,
+    skip: Sequence[datetime] = (),
 ) -> list[OutboxRow]:
     """Step 1's read: due rows of the fenced `shards` within the look-ahead (and before
     `before`), minus those published and waiting to be recorded; the on-time lanes first with
@@ -497,13 +505,14 @@ def _read_due(
     until = timezone.now() + timedelta(milliseconds=config.lookahead_ms)
     if before is not None:
         until = min(until, before - ONE_MICROSECOND)
+    skipped = array_literal([instant.isoformat() for instant in skip])
     inflight = array_literal([str(i) for i in (recorder.inflight_ids() if recorder else [])])
     rows: list[OutboxRow] = []
     for lanes, limit in (
         (FOREGROUND_LANES, config.batch_size),
         (BACKGROUND_LANES, max(1, int(config.batch_size * config.background_share))),
     ):
-        cursor.execute(_CLAIM, [shards, until, inflight, array_literal(lanes), limit])
+        cursor.execute(_CLAIM, [shards, until, inflight, array_literal(lanes), skipped, limit])
         rows.extend(OutboxRow(*values) for values in cursor.fetchall())
     return rows
 

@@ -139,6 +139,10 @@ class Stager:
         self.relay_config = relay_config
         self.config = config
         self.staged: StagedInstant | None = None
+        # Instants published from staging whose rows the recorder still holds, with those
+        # rows' ids and whether a normal step has read the instant once since (for the rows
+        # that were not staged). Until recorded, the published rows are still in the outbox.
+        self._settling: dict[datetime, tuple[frozenset[int], bool]] = {}
         self._next_probe = 0.0
         # One object per distinct value: a burst's rows share their instant and tenants.
         self._interned: dict[Any, Any] = {}
@@ -146,6 +150,18 @@ class Stager:
     @property
     def instant(self) -> datetime | None:
         return self.staged.instant if self.staged is not None else None
+
+    def settling(self, recorder: Recorder | None) -> list[datetime]:
+        """Instants a normal step may skip: published from staging, read once since, and
+        still being recorded."""
+        for instant, (ids, _) in list(self._settling.items()):
+            if recorder is None or not recorder.any_inflight(ids):
+                del self._settling[instant]
+        return [instant for instant, (_, read) in self._settling.items() if read]
+
+    def stepped(self) -> None:
+        """A normal step has run: every settling instant has been read once."""
+        self._settling = {instant: (ids, True) for instant, (ids, _) in self._settling.items()}
 
     def publish_due(self) -> bool:
         lead = timedelta(seconds=self.config.publish_lead_s)
@@ -301,6 +317,7 @@ class Stager:
         batch = ConfirmedBatch({i: (by_id[i], at) for i, at in confirmed.items()})
         if recorder is not None:
             recorder.submit(batch)
+            self._settling[staged.instant] = (frozenset(batch.rows), False)
         else:
             record_confirmed(leases=self.leases, batch=batch)
         result.published = len(confirmed)

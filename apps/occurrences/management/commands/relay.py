@@ -62,7 +62,9 @@ class Command(LoopCommand):
                 recorder=recorder,
                 throttle=throttle,
                 before=stager.instant,
+                skip=stager.settling(recorder),
             )
+            stager.stepped()
             done += _logged(result, "due")
             # Deferred rows are not work done now: sleep rather than re-read them at once.
             # Staging is: go on at once while there is more to read.

@@ -19,7 +19,7 @@ from apps.occurrences.models import DispatchOutbox, Occurrence, ShardLease
 from apps.occurrences.pipeline.leases import relay_shard_barrier
 from apps.occurrences.pipeline.materializer import materialize_pass
 from apps.occurrences.pipeline.queues import all_queue_names
-from apps.occurrences.pipeline.relay import relay_step, round_robin
+from apps.occurrences.pipeline.relay import Recorder, relay_step, round_robin
 from apps.occurrences.pipeline.staging import StageConfig, Stager
 from apps.occurrences.tests.support.pipeline import leases, materialize_config, relay_config
 from apps.schedules.models import Schedule
@@ -204,3 +204,32 @@ def test_a_schedule_change_does_not_wait_while_the_relay_waits_for_an_instant(
     queued = _queued_ids(publisher, queue_prefix)
     assert str(recalled.id) not in queued
     assert recalled.state == Occurrence.State.CANCELED
+
+
+@pytest.mark.django_db(transaction=True)  # the recorder thread has its own connection
+def test_a_published_burst_is_read_once_for_late_rows_then_skipped_until_recorded(
+    tenant_a, queue_prefix, publisher
+):
+    at = timezone.now() + timedelta(seconds=LEAD_S)
+    _one_shots(tenant_a, 3, at)
+    stager = _stager(publisher, queue_prefix)
+    _stage_all(stager)
+    recorder = Recorder(stager.leases)  # not started yet: the published rows stay in flight
+    while not stager.publish_due():
+        time.sleep(0.05)
+    assert stager.publish(recorder=recorder).published == 3
+    _one_shots(tenant_a, 1, at)  # materialized late, after the staging
+    config = relay_config(queue_prefix)
+
+    # The first normal step after the publish reads the instant (the late row goes out)…
+    assert stager.settling(recorder) == []
+    first = relay_step(leases=stager.leases, publisher=publisher, config=config, recorder=recorder)
+    stager.stepped()
+    assert first.published == 1
+    # …later ones skip it while its published rows are being recorded…
+    assert stager.settling(recorder) == [at]
+    # …and read it again once they are.
+    recorder.start()
+    recorder.stop()
+    assert stager.settling(recorder) == []
+    assert set(Occurrence.objects.values_list("state", flat=True)) == {Occurrence.State.ENQUEUED}
