@@ -231,7 +231,7 @@ def _stop_consumer(consumer: IdConsumer) -> None:
 _WINDOW_ROWS = """
     SELECT * FROM (
         SELECT o.id, o.lane, o.enqueued_at, o.created_at, o.scheduled_for,
-               CASE WHEN o.lane = %(flexible)s THEN o.available_at ELSE o.scheduled_for END
+               CASE WHEN o.lane = %(flexible_lane)s THEN o.available_at ELSE o.scheduled_for END
                    AS ref
           FROM occurrences_occurrence o
          WHERE o.tenant_id = ANY(%(tenants)s)
@@ -285,7 +285,7 @@ class StoredFigures:
 def _window_params(tenant_ids: list[uuid.UUID], start: datetime, end: datetime) -> dict[str, Any]:
     return {
         "tenants": tenant_ids,
-        "flexible": Lane.FLEXIBLE,
+        "flexible_lane": Lane.FLEXIBLE,
         "lo": start - timedelta(seconds=FLEXIBLE_WINDOW_S),
         "start": start,
         "end": end,
