@@ -84,7 +84,10 @@ def test_update_racing_the_materializer_leaves_no_old_version_to_publish(tenant_
         assert response.status_code == 200, response.content
         receipt = response.json()["receipt"]
         superseded = Occurrence.objects.filter(schedule=schedule, state="SUPERSEDED")
-        assert sorted(receipt["invalidated"]) == sorted(str(o.id) for o in superseded)
+        # An instant within the relay's clock slack of the change counts as maybe published
+        # (`dropped_at_claim`): at hh:mm:59 the next minute's is.
+        recalled = receipt["invalidated"] + receipt["dropped_at_claim"]
+        assert sorted(recalled) == sorted(str(o.id) for o in superseded)
         assert receipt["not_recalled"] == []
         assert ScheduleVersion.objects.get(schedule=schedule, version=1).valid_to is not None
     # nothing of version 1 is left to publish, and nothing of it is pending
