@@ -19,14 +19,12 @@ from __future__ import annotations
 import json
 import statistics
 import tempfile
-import threading
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 from django.conf import settings
 from django.db import connection
@@ -34,6 +32,7 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from apps.occurrences.bench.bulk_load import load_not_due_schedules
+from apps.occurrences.bench.consumer import OccurrenceConsumer
 from apps.occurrences.bench.fixtures import (
     ScheduleBatch,
     bench_tenants,
@@ -214,62 +213,15 @@ def _load_due(burst: _Burst, weights: list[int], say: Callable[[str], object]) -
 # -- processes -----------------------------------------------------------------------------
 
 
-CONSUMER_PREFETCH = 5000
-CONSUMER_ACK_EVERY = 200
-
-
-class _Consumer(threading.Thread):
-    """Independent consumer: its own AMQP connection; records every occurrence it receives."""
+class _Consumer(OccurrenceConsumer):
+    """Records every arrival of each occurrence (duplicates included)."""
 
     def __init__(self, broker_url: str, queues: list[str]) -> None:
-        super().__init__(name="bench-consumer", daemon=True)
-        self.queues = queues
-        self.broker_url = broker_url
+        super().__init__(broker_url, queues)
         self.arrivals: dict[str, list[float]] = {}
-        self.stop = threading.Event()
-        self.ready = threading.Event()
 
-    def run(self) -> None:
-        from apps.occurrences.pipeline.broker import connect_any
-
-        conn, _ = connect_any(self.broker_url)
-        channel = conn.channel()
-        # Acks settle in batches (`multiple`): on a quorum queue every ack is a log entry of
-        # its own, and one per message made the consumer, not the queue, the bottleneck.
-        channel.basic_qos(0, CONSUMER_PREFETCH, False)
-        unacked: list[int] = []
-
-        def ack_received() -> None:
-            if unacked:
-                channel.basic_ack(unacked[-1], multiple=True)
-                unacked.clear()
-
-        def on_message(message: Any) -> None:
-            arrived = time.time()
-            _args, kwargs, _embed = json.loads(message.body)
-            items = kwargs.get("occurrences") or [kwargs]
-            for item in items:
-                self.arrivals.setdefault(item["occurrence_id"], []).append(arrived)
-            unacked.append(message.delivery_tag)
-            if len(unacked) >= CONSUMER_ACK_EVERY:
-                ack_received()
-
-        for queue in self.queues:
-            channel.basic_consume(queue, callback=on_message)
-        self.ready.set()
-        while not self.stop.is_set():
-            try:
-                conn.drain_events(timeout=0.2)
-            except TimeoutError:
-                ack_received()
-        ack_received()
-        conn.close()
-
-
-def _stop_consumer(consumer: _Consumer) -> None:
-    consumer.stop.set()
-    if consumer.is_alive():
-        consumer.join(5)
+    def received(self, occurrence_id: str, arrived: float) -> None:
+        self.arrivals.setdefault(occurrence_id, []).append(arrived)
 
 
 def _burst_occurrences(burst: _Burst) -> QuerySet[Occurrence]:
@@ -389,7 +341,7 @@ def bench_burst(
         return report
     finally:
         procs.stop()
-        _stop_consumer(consumer)
+        consumer.stop()
         if keep:
             say(f"rows left in place (tenants {', '.join(str(t) for t in tenant_ids)})")
         else:

@@ -31,21 +31,21 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TextIO
 
 from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
 from apps.occurrences.audit.reconcile import reconcile
-from apps.occurrences.bench.burst import CONSUMER_ACK_EVERY, CONSUMER_PREFETCH, PIPELINE_COMMANDS
+from apps.occurrences.bench.burst import PIPELINE_COMMANDS
+from apps.occurrences.bench.consumer import OccurrenceConsumer
 from apps.occurrences.bench.fixtures import (
     ScheduleBatch,
     bench_tenants,
@@ -167,61 +167,24 @@ def _load_schedules(
 # -- the consumer --------------------------------------------------------------------------
 
 
-class IdConsumer(threading.Thread):
-    """Independent consumer: its own AMQP connection; acks every message and appends each
-    occurrence id it carries to `path`, one per line (the comparison with the stored rows
-    happens in the database: a day's ids do not fit in this process)."""
+class IdConsumer(OccurrenceConsumer):
+    """Appends each occurrence id it receives to `path`, one per line (the comparison with
+    the stored rows happens in the database: a day's ids do not fit in this process)."""
 
     def __init__(self, broker_url: str, queues: list[str], path: Path) -> None:
-        super().__init__(name="bench-consumer", daemon=True)
-        self.broker_url = broker_url
-        self.queues = queues
+        super().__init__(broker_url, queues)
         self.path = path
-        self.received = 0
-        self.stop = threading.Event()
-        self.ready = threading.Event()
+        self.received_count = 0
+        self._out: TextIO | None = None
+
+    def received(self, occurrence_id: str, arrived: float) -> None:
+        assert self._out is not None
+        self._out.write(occurrence_id + "\n")
+        self.received_count += 1
 
     def run(self) -> None:
-        from apps.occurrences.pipeline.broker import connect_any
-
-        conn, _ = connect_any(self.broker_url)
-        channel = conn.channel()
-        # Acks settle in batches, as in bench.burst's consumer (a quorum queue logs each).
-        channel.basic_qos(0, CONSUMER_PREFETCH, False)
-        unacked: list[int] = []
-
-        def ack_received() -> None:
-            if unacked:
-                channel.basic_ack(unacked[-1], multiple=True)
-                unacked.clear()
-
-        with self.path.open("w", encoding="ascii") as out:
-
-            def on_message(message: Any) -> None:
-                _args, kwargs, _embed = json.loads(message.body)
-                for item in kwargs.get("occurrences") or [kwargs]:
-                    out.write(item["occurrence_id"] + "\n")
-                    self.received += 1
-                unacked.append(message.delivery_tag)
-                if len(unacked) >= CONSUMER_ACK_EVERY:
-                    ack_received()
-
-            for queue in self.queues:
-                channel.basic_consume(queue, callback=on_message)
-            self.ready.set()
-            while not self.stop.is_set():
-                try:
-                    conn.drain_events(timeout=0.2)
-                except TimeoutError:
-                    ack_received()
-            ack_received()
-        conn.close()
-
-
-def _stop_consumer(consumer: IdConsumer) -> None:
-    consumer.stop.set()
-    if consumer.is_alive():
-        consumer.join(10)
+        with self.path.open("w", encoding="ascii") as self._out:
+            super().run()
 
 
 # -- stored rows: per-minute figures -------------------------------------------------------
@@ -704,7 +667,7 @@ def bench_sustained(
         samples = _measure(procs, start, minutes, say)
         _drain(tenant_ids, start, end)
         procs.stop()
-        _stop_consumer(consumer)
+        consumer.stop()
         say("reconciling…")
         counts = _reconcile_tenants(tenant_ids, start, end)
         consumer_missing, duplicates = consumer_check(tenant_ids, start, end, consumer.path)
@@ -713,11 +676,11 @@ def bench_sustained(
             plan, figures, samples, start=start, minutes=minutes, warmup_minutes=warmup_minutes,
             materializers=materializers,
             relays=relays, counts=counts, consumer_missing=consumer_missing,
-            duplicates=duplicates, received=consumer.received,
+            duplicates=duplicates, received=consumer.received_count,
         )  # fmt: skip
     finally:
         procs.stop()
-        _stop_consumer(consumer)
+        consumer.stop()
         say("cleaning up…")
         bench_tenants_delete(tenant_ids)
         delete_topology(broker_url, prefix)
