@@ -1,5 +1,5 @@
 """Lists inside a page stay short (docs/ui.md "Pages stay short"): each shows its first
-`cap` rows and a "Show more" link (`?show=<name>#<name>`) that shows up to `expanded_cap`;
+`cap` rows and a "Show more" link (`?show=<name>#more-<name>`) that shows up to `expanded_cap`;
 past that the page points to the list's own page, where there is one."""
 
 from __future__ import annotations
