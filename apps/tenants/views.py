@@ -16,12 +16,14 @@ from django.contrib.auth import login
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http.response import HttpResponseBase
 from django.shortcuts import redirect, render
 from django.urls import reverse, reverse_lazy
 from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
+from apps.tenants import rls
 from apps.tenants.accounts import password_changed, user_sessions, user_sessions_revoke_others
 from apps.tenants.errors import LastSigningSecret, RefusedRequest, RotationInProgress
 from apps.tenants.forms import InviteForm, NewAccountForm, RoleForm
@@ -55,6 +57,7 @@ from apps.tenants.web import (
     actor_of,
     admin_only,
     memberships_of,
+    tenant_context,
     tenant_page,
     tick_of,
 )
@@ -404,11 +407,23 @@ def invitation_accept_view(request: HttpRequest, token: str) -> HttpResponse:
 # --- the signed-in person's account: password, sessions -------------------------------------
 
 
+def _with_current_tenant(request: HttpRequest) -> None:
+    """The account pages belong to the person, not a tenant, so they open without one; when
+    the person has one, it is attached like on every tenant page, so the header keeps the
+    navigation and the tenant switcher (docs/ui.md "Team and account")."""
+    context = tenant_context(request)
+    if context is not None:
+        rls.tenant_enter(context.tenant.pk)
+        request.tick = context  # type: ignore[attr-defined]
+
+
 @login_required
 def account(request: HttpRequest) -> HttpResponse:
+    _with_current_tenant(request)
     sessions = user_sessions(user=request.user, current_key=request.session.session_key)
     return render(request, "tick/account.html", {
-        "sessions": page_list(request, "sessions", sessions), "nav": "account",
+        "sessions": page_list(request, "sessions", sessions), "session_count": len(sessions),
+        "nav": "account",
     })  # fmt: skip
 
 
@@ -423,6 +438,11 @@ def account_sessions_revoke(request: HttpRequest) -> HttpResponse:
 class PasswordChange(auth_views.PasswordChangeView):
     template_name = "tick/password_change.html"
     success_url = reverse_lazy("account")
+
+    def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+        if request.user.is_authenticated:
+            _with_current_tenant(request)
+        return super().dispatch(request, *args, **kwargs)
 
     def form_valid(self, form: Any) -> HttpResponse:
         response = super().form_valid(form)
