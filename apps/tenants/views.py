@@ -25,6 +25,7 @@ from django.views.decorators.http import require_POST
 
 from apps.tenants import rls
 from apps.tenants.accounts import password_changed, user_sessions, user_sessions_revoke_others
+from apps.tenants.docs_pages import webhooks_guide_html
 from apps.tenants.errors import LastSigningSecret, RefusedRequest, RotationInProgress
 from apps.tenants.forms import InviteForm, NewAccountForm, RoleForm
 from apps.tenants.login_security import login_lockout_ends_at
@@ -402,6 +403,14 @@ def invitation_accept_view(request: HttpRequest, token: str) -> HttpResponse:
         "login_url": f"{reverse('login')}?{urlencode({'next': request.path})}",
     }
     return render(request, "tick/invitation_accept.html", context)
+
+
+@tenant_page
+def webhooks_guide(request: HttpRequest) -> HttpResponse:
+    """docs/webhooks.md for tenants: what is signed and how to verify it."""
+    return render(request, "tick/doc_page.html", {
+        "title": "Receiving Tick's webhooks", "html": webhooks_guide_html(), "nav": "signing",
+    })  # fmt: skip
 
 
 # --- the signed-in person's account: password, sessions -------------------------------------
