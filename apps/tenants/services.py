@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from apps.tenants.errors import IdempotencyConflict
 from apps.tenants.models import ApiKey, IdempotencyKey, Membership, Tenant, TenantEvent
+from apps.tenants.text import refuse_control_characters
 
 KEY_PREFIX = "tick_"
 
@@ -43,6 +44,9 @@ def log_tenant_event(
 
 
 def tenant_create(*, slug: str, name: str | None = None) -> Tenant:
+    """A tenant with default quotas; a name with a control character is refused
+    (ValidationError), as in the admin."""
+    refuse_control_characters(name or slug)
     return Tenant.objects.create(slug=slug, name=name or slug)
 
 
@@ -54,7 +58,9 @@ def api_key_create(
     role: Membership.Role = Membership.Role.ADMIN,
 ) -> tuple[ApiKey, str]:
     """Create a key; returns the row and the raw key, which is never retrievable again.
-    A viewer key reads every API route and changes nothing (docs/api.md "Keys and roles")."""
+    A viewer key reads every API route and changes nothing (docs/api.md "Keys and roles").
+    A name with a control character is refused (ValidationError)."""
+    refuse_control_characters(name)
     raw = KEY_PREFIX + secrets.token_urlsafe(32)
     key = ApiKey.objects.create(
         tenant=tenant,

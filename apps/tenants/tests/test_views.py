@@ -25,6 +25,30 @@ def test_login_with_password_lands_on_the_dashboard(client, alice):
     assert client.get("/").status_code == 200
 
 
+@pytest.mark.parametrize("method", ["get", "post"])
+@pytest.mark.parametrize(
+    "target", ["/login/", "/login/?next=/schedules/", "http://testserver/login/"]
+)
+def test_a_signed_in_person_sent_to_the_login_page_lands_on_the_dashboard(
+    client, alice, method, target
+):
+    client.force_login(alice)
+
+    response = getattr(client, method)(f"/login/?next={target}")
+
+    assert response.status_code == 302
+    assert response["Location"] == "/"
+
+
+def test_a_signed_in_person_with_another_next_goes_there(client, alice):
+    client.force_login(alice)
+
+    response = client.get("/login/?next=/schedules/")
+
+    assert response.status_code == 302
+    assert response["Location"] == "/schedules/"
+
+
 def test_csrf_is_enforced_on_posts(alice):
     from django.test import Client
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
@@ -32,12 +33,15 @@ class Command(BaseCommand):
         if days is not None and days <= 0:
             raise CommandError("--expires-in-days must be positive")
         expires_at = timezone.now() + timedelta(days=days) if days else None
-        key, raw = api_key_create(
-            tenant=tenant,
-            name=options["name"],
-            expires_at=expires_at,
-            role=Membership.Role(options["role"]),
-        )
+        try:
+            key, raw = api_key_create(
+                tenant=tenant,
+                name=options["name"],
+                expires_at=expires_at,
+                role=Membership.Role(options["role"]),
+            )
+        except ValidationError as err:
+            raise CommandError(f"--name: {' '.join(err.messages)}") from None
         until = expires_at.isoformat() if expires_at else "never"
         self.stdout.write(f"key {key.prefix}… ({key.role}) for {tenant.slug}, expires {until}")
         self.stdout.write(raw)
