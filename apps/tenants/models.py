@@ -15,6 +15,9 @@ from apps.tenants.text import refuse_control_characters
 
 # The most extra webhook ports one tenant may open (Tenant.webhook_allowed_ports).
 MAX_WEBHOOK_PORTS = 20
+# The most API keys one tenant may hold at once (neither revoked nor expired): a key is a
+# credential someone must answer for, not a counter.
+MAX_ACTIVE_API_KEYS = 50
 
 
 class Tenant(models.Model):
@@ -97,6 +100,13 @@ class ApiKey(models.Model):
     role = models.CharField(
         max_length=16, choices=Membership.Role.choices, default=Membership.Role.ADMIN
     )
+    # The member who created it in the web UI; NULL for an operator's key (manage.py). The
+    # key is theirs: revoked when they leave the tenant, and an admin key when they are
+    # demoted (apps/tenants/services.py `member_keys_revoke`).
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+        related_name="+",
+    )  # fmt: skip
 
     def __str__(self) -> str:
         return f"{self.prefix}… ({self.name})"

@@ -127,11 +127,22 @@ def api_keys(request: HttpRequest) -> HttpResponse:
             role = request.POST.get("role", Membership.Role.ADMIN)
             if role not in Membership.Role.values:
                 role = Membership.Role.ADMIN
-            key, created_raw = api_key_create(
-                tenant=tick.tenant, name=name, role=Membership.Role(role)
-            )
-            messages.success(request, f"Key {key.prefix}… created. Copy it now: it is shown once.")
-    keys = ApiKey.objects.filter(tenant=tick.tenant).order_by("-created_at")[:200]
+            try:
+                key, created_raw = api_key_create(
+                    tenant=tick.tenant, name=name, role=Membership.Role(role),
+                    actor=actor_of(request), created_by=request.user,  # type: ignore[arg-type]
+                )  # fmt: skip
+            except RefusedRequest as err:
+                messages.error(request, err.message)
+            else:
+                messages.success(
+                    request, f"Key {key.prefix}… created. Copy it now: it is shown once."
+                )
+    keys = (
+        ApiKey.objects.filter(tenant=tick.tenant)
+        .select_related("created_by")
+        .order_by("-created_at")[:200]
+    )
     return render(
         request,
         "tick/api_keys.html",
@@ -144,7 +155,7 @@ def api_keys(request: HttpRequest) -> HttpResponse:
 def api_key_revoke(request: HttpRequest, key_id: str) -> HttpResponse:
     admin_only(request)
     tick = tick_of(request)
-    key = api_key_revoke_for_tenant(tenant=tick.tenant, key_id=key_id)
+    key = api_key_revoke_for_tenant(tenant=tick.tenant, key_id=key_id, actor=actor_of(request))
     if key is None:
         raise Http404("No such API key.")
     messages.success(request, f"Key {key.prefix}… revoked; requests with it now answer 401.")

@@ -110,7 +110,7 @@ def test_admin_creates_a_key_shown_once_and_stored_hashed(client, alice, tenant_
 
 
 def test_viewer_cannot_create_or_revoke_keys(client, bob, tenant_a):
-    key, _ = api_key_create(tenant=tenant_a, name="prod")
+    key, _ = api_key_create(actor="test", tenant=tenant_a, name="prod")
     client.force_login(bob)
 
     page = client.get("/keys/").content.decode()
@@ -123,7 +123,7 @@ def test_viewer_cannot_create_or_revoke_keys(client, bob, tenant_a):
 
 
 def test_admin_revokes_a_key(client, alice, tenant_a):
-    key, _ = api_key_create(tenant=tenant_a, name="prod")
+    key, _ = api_key_create(actor="test", tenant=tenant_a, name="prod")
     client.force_login(alice)
 
     response = client.post(f"/keys/{key.id}/revoke/")
@@ -134,7 +134,7 @@ def test_admin_revokes_a_key(client, alice, tenant_a):
 
 
 def test_outsider_cannot_see_or_revoke_another_tenants_key(client, charlie, tenant_a):
-    key, _ = api_key_create(tenant=tenant_a, name="prod")
+    key, _ = api_key_create(actor="test", tenant=tenant_a, name="prod")
     client.force_login(charlie)
 
     assert key.prefix not in client.get("/keys/").content.decode()

@@ -144,7 +144,7 @@ def world(tenant_a: Any, alice: Any, django_user_model: Any) -> dict[str, Any]:
     sched = schedule(tenant_a, handler="noop")
     occ = occurrence(sched, timezone.now())
     dead = dead_occurrence(tenant_a)
-    key, raw = api_key_create(tenant=tenant_a, name="fuzz")
+    key, raw = api_key_create(actor="test", tenant=tenant_a, name="fuzz")
     root = django_user_model.objects.create_superuser("root", password="pw-root-123")
     DispatchOutbox.objects.create(
         occurrence_id=occ.id, scheduled_for=occ.scheduled_for, schedule_id=sched.id,

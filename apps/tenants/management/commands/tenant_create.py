@@ -6,7 +6,7 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from apps.tenants.models import Tenant
-from apps.tenants.services import api_key_create, tenant_create
+from apps.tenants.services import OPERATOR_ACTOR, api_key_create, tenant_create
 
 
 class Command(BaseCommand):
@@ -26,5 +26,7 @@ class Command(BaseCommand):
             raise CommandError(f"--name: {' '.join(err.messages)}") from None
         self.stdout.write(f"created tenant {tenant.slug} ({tenant.id})")
         if options["api_key"]:
-            _, raw = api_key_create(tenant=tenant, name="created by tenant_create")
+            _, raw = api_key_create(
+                tenant=tenant, name="created by tenant_create", actor=OPERATOR_ACTOR
+            )
             self.stdout.write(raw)
