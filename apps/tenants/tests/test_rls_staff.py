@@ -17,12 +17,12 @@ from django.utils import timezone
 from apps.occurrences.tests.support.rows import schedule
 from apps.tenants import rls
 from apps.tenants.models import ApiKey, UserSession
-from apps.tenants.services import api_key_create, api_key_rate_hit
+from apps.tenants.services import api_key_create, api_rate_hit
 
 pytestmark = [pytest.mark.django_db, pytest.mark.urls("apps.tenants.tests.rls_probe")]
 
 TABLES = ["schedules_schedule", "tenants_tenant", "tenants_apikey", "tenants_tenantevent",
-          "tenants_usersession", "otp_totp_totpdevice", "tenants_apikeyratewindow"]  # fmt: skip
+          "tenants_usersession", "otp_totp_totpdevice", "tenants_apiratewindow"]  # fmt: skip
 
 
 def _counts() -> dict[str, int]:
@@ -43,8 +43,8 @@ def world(tenant_a: Any, tenant_b: Any, alice: Any, charlie: Any) -> dict[str, A
     now = timezone.now()
     for tenant, user in ((tenant_a, alice), (tenant_b, charlie)):
         schedule(tenant)
-        key, _ = api_key_create(tenant=tenant, name="k", actor="t")
-        api_key_rate_hit(api_key=key, limit_per_min=10, now=now)
+        api_key_create(tenant=tenant, name="k", actor="t")
+        api_rate_hit(tenant=tenant, limit_per_min=10, now=now)
         UserSession.objects.create(
             session_key=f"s-{user.username}", user=user, created_at=now, last_seen_at=now
         )
@@ -83,7 +83,7 @@ def test_declaring_staff_as_the_web_role_shows_no_other_tenants_row(world, as_we
     assert _counts() == {
         "schedules_schedule": 1, "tenants_tenant": 1, "tenants_apikey": 1,
         "tenants_tenantevent": 1, "tenants_usersession": 1, "otp_totp_totpdevice": 1,
-        "tenants_apikeyratewindow": 1,
+        "tenants_apiratewindow": 1,
     }  # fmt: skip
 
 
@@ -101,7 +101,7 @@ def test_a_signed_in_users_own_sessions_and_devices_only(world, as_web_role):
     counts = _counts()
 
     assert (counts["tenants_usersession"], counts["otp_totp_totpdevice"]) == (1, 1)
-    assert counts["schedules_schedule"] == counts["tenants_apikeyratewindow"] == 0
+    assert counts["schedules_schedule"] == counts["tenants_apiratewindow"] == 0
     assert list(UserSession.objects.values_list("session_key", flat=True)) == ["s-charlie"]
 
 
