@@ -262,6 +262,9 @@ REST_FRAMEWORK = {
     "UNAUTHENTICATED_USER": None,
     # One JSON error shape for every 4xx (tickweb/exceptions.py).
     "EXCEPTION_HANDLER": "tickweb.exceptions.exception_handler",
+    # JSON is the only response format too: no browsable API, so no HTML page on every GET
+    # (docs/decisions.md "API documentation and the browsable API").
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     # JSON is the only request format; tickweb/parsers.py caps its size and depth.
     "DEFAULT_PARSER_CLASSES": ["tickweb.parsers.TickJSONParser"],
     # Per-tenant rate limit counted in PostgreSQL, shared by every web process (ratelimit.py).
