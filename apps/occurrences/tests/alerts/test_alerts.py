@@ -202,7 +202,7 @@ def test_an_alert_webhook_to_a_private_address_is_refused(tenant_a, settings, ur
 def test_a_target_refused_at_send_time_fails_at_once(tenant_a, hook, settings):
     ch = channel(tenant_a, _hook_url(hook), AlertChannel.Kind.WEBHOOK)
     send_test_alert(channel=ch, actor="t")
-    group_pending(now=timezone.now(), coalesce_s=10, interval_s=60)
+    _group_later()
     settings.TICK_WEBHOOK_ALLOWLIST = []  # the operator closed loopback since
 
     assert alert_deliver(AlertDelivery.objects.get().id) == AlertDelivery.State.FAILED
@@ -216,7 +216,7 @@ def test_a_transient_failure_backs_off_then_fails_after_the_last_attempt(
     settings.TICK_ALERT_MAX_ATTEMPTS = 2
     ch = channel(tenant_a, "http://127.0.0.1:9/closed", AlertChannel.Kind.WEBHOOK)
     send_test_alert(channel=ch, actor="t")
-    group_pending(now=timezone.now(), coalesce_s=10, interval_s=60)
+    _group_later()
     delivery = AlertDelivery.objects.get()
     AlertDelivery.objects.filter(id=delivery.id).update(published_at=timezone.now())
 
@@ -228,14 +228,20 @@ def test_a_transient_failure_backs_off_then_fails_after_the_last_attempt(
     assert alert_deliver(delivery.id) == AlertDelivery.State.FAILED
 
 
-def test_a_test_alert_goes_at_once_whatever_the_interval(tenant_a):
+def test_a_test_alert_waits_for_the_coalescing_and_the_channel_interval(tenant_a):
     ch = channel(tenant_a, "ops@example.com")
-    AlertChannel.objects.filter(id=ch.id).update(last_sent_at=timezone.now())
-    send_test_alert(channel=ch, actor="alice")
+    sent_at = timezone.now()
+    AlertChannel.objects.filter(id=ch.id).update(last_sent_at=sent_at)
+    for _ in range(3):  # the button pressed in a loop
+        send_test_alert(channel=ch, actor="alice")
 
-    assert group_pending(now=timezone.now(), coalesce_s=10, interval_s=60) == (1, 1)
+    assert group_pending(now=sent_at + timedelta(seconds=11), coalesce_s=10,
+                         interval_s=60) == (0, 0)  # fmt: skip
+    assert group_pending(now=sent_at + timedelta(seconds=61), coalesce_s=10,
+                         interval_s=60) == (1, 3)  # fmt: skip
     alert_deliver(AlertDelivery.objects.get().id)
-    assert "Test alert requested by alice" in mail.outbox[0].subject
+    assert len(mail.outbox) == 1  # one digest, not three mails
+    assert "3 alerts (3 test)" in mail.outbox[0].subject
 
 
 def test_missed_and_completed_schedules_alert(tenant_a):
@@ -286,3 +292,36 @@ def test_a_lag_rule_stays_quiet_when_runs_start_on_time(tenant_a):
         )  # fmt: skip
 
     assert lag_alerts_record(now=now) == 0
+
+
+def test_a_tenants_alert_sends_are_capped_and_a_waiting_message_spends_no_attempt(
+    tenant_a, tenant_b, settings
+):
+    settings.TICK_ALERT_TENANT_SENDS = 1
+    busy, waiting = channel(tenant_a, "a1@example.com"), channel(tenant_a, "a2@example.com")
+    other = channel(tenant_b, "b@example.com")
+    for ch in (busy, waiting, other):
+        send_test_alert(channel=ch, actor="t")
+    _group_later()
+    now = timezone.now()
+    # A worker is sending tenant A's first message (a receiver that takes its time).
+    AlertDelivery.objects.filter(channel=busy).update(
+        sending_until=now + timedelta(seconds=60), attempts=1
+    )
+    AlertDelivery.objects.update(published_at=now)
+
+    held = AlertDelivery.objects.get(channel=waiting)
+    assert alert_deliver(held.id) == AlertDelivery.State.PENDING
+    held.refresh_from_db()
+    assert (held.attempts, held.published_at) == (0, None)  # back to the dispatcher, unspent
+    assert now < held.available_at <= timezone.now() + timedelta(seconds=5)
+    assert not mail.outbox
+    # Another tenant's message is not held up by tenant A's.
+    assert alert_deliver(AlertDelivery.objects.get(channel=other).id) == AlertDelivery.State.SENT
+
+    # The first send's lease ends (its worker died): the waiting message goes.
+    AlertDelivery.objects.filter(channel=busy).update(sending_until=now - timedelta(seconds=1))
+    assert alert_deliver(held.id) == AlertDelivery.State.SENT
+    held.refresh_from_db()
+    assert (held.attempts, held.sending_until) == (1, None)
+    assert [m.to for m in mail.outbox] == [["b@example.com"], ["a2@example.com"]]
