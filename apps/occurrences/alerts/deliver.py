@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import smtplib
+import unicodedata
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -88,6 +89,18 @@ def _link(alert: Alert) -> str:
     return f"{base}/alerts/"
 
 
+def one_line(text: str) -> str:
+    """`text` with every control character and line or paragraph separator (CR, LF, NUL,
+    U+0085, U+2028, …) made a space: names of existing rows may carry them, and in a
+    message's header or a digest's line they would break the header or add a line."""
+    return "".join(" " if unicodedata.category(ch) in ("Cc", "Zl", "Zp") else ch for ch in text)
+
+
+def _line(alert: Alert) -> str:
+    when = f"{alert.fired_at:%Y-%m-%d %H:%M:%S} UTC"
+    return f"{when}  {one_line(alert.subject)}  {_link(alert)}".rstrip()
+
+
 def render(
     delivery: AlertDelivery, tenant: Tenant, alerts: list[Alert], counts: dict[str, int]
 ) -> AlertMessage:
@@ -95,12 +108,13 @@ def render(
     rest counted; `counts` = alerts per event in the whole message."""
     total = delivery.alert_count
     if total == 1 and alerts:
-        subject = f"[Tick] {tenant.slug}: {alerts[0].subject}"
+        subject = f"[Tick] {tenant.slug}: {one_line(alerts[0].subject)}"
     else:
         kinds = ", ".join(f"{n} {SHORT_NAMES[AlertEvent(e)]}" for e, n in sorted(counts.items()))
         subject = f"[Tick] {tenant.slug}: {total} alerts ({kinds})"
-    lines = [f"{alert.fired_at:%Y-%m-%d %H:%M:%S} UTC  {alert.subject}  {_link(alert)}".rstrip()
-             for alert in alerts]  # fmt: skip
+    # One line per alert whatever its subject holds (the webhook document keeps it as it is,
+    # JSON-escaped).
+    lines = [_line(alert) for alert in alerts]
     if total > len(alerts):
         lines.append(f"… and {total - len(alerts)} more (see {settings.TICK_PUBLIC_URL}/alerts/)")
     text = "\n".join([subject, "", *lines, "", f"Alert id: {delivery.id}"])

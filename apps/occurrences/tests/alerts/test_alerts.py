@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import uuid
 from datetime import timedelta
+from email import message_from_bytes
+from email import policy as email_policy
 
 import pytest
 from django.core import mail
@@ -325,3 +327,35 @@ def test_a_tenants_alert_sends_are_capped_and_a_waiting_message_spends_no_attemp
     held.refresh_from_db()
     assert (held.attempts, held.sending_until) == (1, None)
     assert [m.to for m in mail.outbox] == [["b@example.com"], ["a2@example.com"]]
+
+
+def test_a_line_break_in_a_schedule_name_breaks_no_header_and_adds_no_line(tenant_a):
+    # A row saved before names were checked for control characters.
+    ch = channel(tenant_a, "ops@example.com")
+    rule(ch)
+    evil = "nightly\r\nBcc: evil@example.test\u2028X-Other: 1"
+    first = dead_occurrence(tenant_a)
+    Schedule.objects.filter(id=first.schedule_id).update(name=evil)
+    Alert.objects.all().delete()
+    with connection.cursor() as cursor:  # the DEAD alert as the worker records it
+        record_dead_alert(cursor, occurrence_id=first.id, scheduled_for=first.scheduled_for,
+                          schedule_id=first.schedule_id, tenant_id=tenant_a.id)  # fmt: skip
+    _group_later()
+    assert alert_deliver(AlertDelivery.objects.get().id) == AlertDelivery.State.SENT
+    alone = mail.outbox[0]
+    assert "\n" not in alone.subject and "\r" not in alone.subject
+    assert "DEAD: nightly  Bcc: evil@example.test X-Other: 1" in alone.subject
+    sent = message_from_bytes(alone.message().as_bytes(), policy=email_policy.default)
+    assert (sent["Bcc"], sent["X-Other"]) == (None, None)
+    assert str(sent["Subject"]) == alone.subject
+
+    # In a digest, each alert stays on its one line.
+    for n in range(2):
+        send_test_alert(channel=ch, actor=f"a\nb{n}")
+    Alert.objects.filter(event=AlertEvent.TEST).update(subject=f"{evil} #test")
+    group_pending(now=timezone.now() + timedelta(seconds=120), coalesce_s=10, interval_s=60)
+    digest = AlertDelivery.objects.filter(state=AlertDelivery.State.PENDING).get()
+    assert alert_deliver(digest.id) == AlertDelivery.State.SENT
+    body = mail.outbox[1].body.splitlines()
+    assert not [line for line in body if line.startswith(("Bcc", "X-Other"))]
+    assert len([line for line in body if "Bcc: evil" in line]) == 2
