@@ -73,7 +73,10 @@ class Command(BaseCommand):
             self.stdout.write("login: user demo (password unchanged)")
         self.stdout.write(f"tenant UI: {base}/")
         self.stdout.write(f"admin:     {base}/admin/")
-        self.stdout.write(
-            f"try: curl -H 'Authorization: Bearer <key>' '{base}/api/v1/occurrences?page_size=5'"
-        )
         self.stdout.write(f"api key: {raw}")
+        # The command as it can be pasted: the real key, and the runs that reached SUCCEEDED
+        # (the list is newest first, so unfiltered it starts with future SCHEDULED rows).
+        self.stdout.write(
+            f"watch the demo: curl -H 'Authorization: Bearer {raw}' "
+            f"'{base}/api/v1/occurrences?state=succeeded&page_size=5'"
+        )
