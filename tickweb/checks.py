@@ -41,6 +41,10 @@ AT_LEAST_ONE = (
     "TICK_ALERT_DIGEST_LIST_MAX",
     # Zero would never send an alert again.
     "TICK_ALERT_TENANT_SENDS",
+    # Zero would refuse every invitation, test alert and channel confirmation.
+    "TICK_INVITATION_MAILS_PER_HOUR",
+    "TICK_ALERT_TESTS_PER_HOUR",
+    "TICK_ALERT_CONFIRMATIONS_PER_HOUR",
 )
 # Durations: zero or less expires every lease at once, spins a heartbeat or re-check loop,
 # republishes every ENQUEUED occurrence at once, or is refused by the HTTP client.

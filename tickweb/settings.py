@@ -127,6 +127,8 @@ LOGIN_REDIRECT_URL = "dashboard"
 LOGOUT_REDIRECT_URL = "login"
 # Invitation links (apps/tenants/members.py) stop working this many days after they are sent.
 TICK_INVITATION_TTL_DAYS = env_int("TICK_INVITATION_TTL_DAYS", 7)
+# Invitation mails (new and re-sent) one tenant may send per hour; more answer 429.
+TICK_INVITATION_MAILS_PER_HOUR = env_int("TICK_INVITATION_MAILS_PER_HOUR", 20)
 # A user's session row (apps/tenants/models.py: UserSession) is refreshed at most this often.
 TICK_SESSION_SEEN_RESOLUTION_S = env_int("TICK_SESSION_SEEN_RESOLUTION_S", 300)
 # Password-reset links expire after this many seconds (Django's setting; default 1 day here).
@@ -436,6 +438,10 @@ TICK_ALERT_MAX_ATTEMPTS = env_int("TICK_ALERT_MAX_ATTEMPTS", 8)
 # Alert messages of one tenant being sent at once, across all workers: a slow or hostile
 # receiver holds at most this many worker slots (each for TICK_EGRESS_DEADLINE_S at most).
 TICK_ALERT_TENANT_SENDS = env_int("TICK_ALERT_TENANT_SENDS", 1)
+# Test alerts one tenant may request per hour, and confirmation mails of e-mail channels it
+# may have sent per hour; more answer 429.
+TICK_ALERT_TESTS_PER_HOUR = env_int("TICK_ALERT_TESTS_PER_HOUR", 10)
+TICK_ALERT_CONFIRMATIONS_PER_HOUR = env_int("TICK_ALERT_CONFIRMATIONS_PER_HOUR", 10)
 # A digest lists this many alerts and counts the rest.
 TICK_ALERT_DIGEST_LIST_MAX = env_int("TICK_ALERT_DIGEST_LIST_MAX", 50)
 # Lag rules are evaluated this often by the reaper.
