@@ -39,6 +39,12 @@ AT_LEAST_ONE = (
     "TICK_INVITATION_TTL_DAYS",
     "TICK_ALERT_MAX_ATTEMPTS",
     "TICK_ALERT_DIGEST_LIST_MAX",
+    # Zero would never send an alert again.
+    "TICK_ALERT_TENANT_SENDS",
+    # Zero would refuse every invitation, test alert and channel confirmation.
+    "TICK_INVITATION_MAILS_PER_HOUR",
+    "TICK_ALERT_TESTS_PER_HOUR",
+    "TICK_ALERT_CONFIRMATIONS_PER_HOUR",
 )
 # Durations: zero or less expires every lease at once, spins a heartbeat or re-check loop,
 # republishes every ENQUEUED occurrence at once, or is refused by the HTTP client.
@@ -58,6 +64,7 @@ POSITIVE = (
     "TICK_FAIR_SHARE_WINDOW_S",
     "TICK_WEBHOOK_CONNECT_TIMEOUT_S",
     "TICK_WEBHOOK_READ_TIMEOUT_S",
+    "TICK_EGRESS_DEADLINE_S",
     "TICK_AUDIT_ENQUEUED_BOUND_S",
     "TICK_AUDIT_SCHEDULED_BOUND_S",
     "TICK_AUDIT_RUNNING_BOUND_S",
