@@ -38,7 +38,7 @@ from apps.tenants.errors import (
     RefusedRequest,
 )
 from apps.tenants.models import Invitation, Membership, Tenant, TenantEvent
-from apps.tenants.services import log_tenant_event
+from apps.tenants.services import log_tenant_event, member_keys_revoke
 
 
 def _token_hash(token: str) -> str:
@@ -338,7 +338,28 @@ def membership_change_role(
         tenant=membership.tenant, kind=TenantEvent.Kind.MEMBER_ROLE_CHANGED, actor=actor,
         member=locked.user.get_username(), role=str(role), previous_role=previous,
     )  # fmt: skip
+    member_keys_demote(membership=locked, actor=actor)
     return locked
+
+
+def membership_deleted(sender: type[Membership], instance: Membership, **kwargs: Any) -> None:
+    """`pre_delete` of a membership: its member's keys in the tenant are revoked (a no-op
+    when `membership_remove` or the admin already did, with their actor)."""
+    member_keys_revoke(
+        tenant_id=instance.tenant_id, user_id=instance.user_id, actor="system",
+        reason="membership_deleted",
+    )  # fmt: skip
+
+
+def member_keys_demote(*, membership: Membership, actor: str) -> None:
+    """A member's keys may do no more than the member: on a demotion to viewer their admin
+    keys are revoked (viewer keys stay)."""
+    if membership.role == Membership.Role.ADMIN:
+        return
+    member_keys_revoke(
+        tenant_id=membership.tenant_id, user_id=membership.user_id, actor=actor,
+        reason="member_demoted", roles=[Membership.Role.ADMIN],
+    )  # fmt: skip
 
 
 @transaction.atomic
@@ -346,6 +367,10 @@ def membership_remove(*, membership: Membership, actor: str) -> None:
     _lock_tenant(membership.tenant)
     locked = _locked_member(membership)
     _refuse_last_admin(locked, "removed")
+    # Logged before the membership goes, so the log reads: keys revoked, then member removed.
+    member_keys_revoke(
+        tenant_id=locked.tenant_id, user_id=locked.user_id, actor=actor, reason="member_removed"
+    )
     locked.delete()
     log_tenant_event(
         tenant=membership.tenant, kind=TenantEvent.Kind.MEMBER_REMOVED, actor=actor,

@@ -35,6 +35,7 @@ from apps.tenants.addresses import email_address_errors, hourly_budget_wait_s
 from apps.tenants.errors import MailRateLimited
 from apps.tenants.models import Tenant, TenantEvent
 from apps.tenants.services import log_tenant_event
+from apps.tenants.text import CONTROL_CHARACTERS_MESSAGE, has_control_characters
 
 MAX_CHANNELS_PER_TENANT = 50
 MAX_RULES_PER_TENANT = 500
@@ -103,6 +104,8 @@ def _check_channel(spec: ChannelSpec, tenant: Tenant) -> None:
     errors: dict[str, list[str]] = {}
     if not spec.name.strip() or len(spec.name) > 100:
         errors["name"] = ["Give a name of 1 to 100 characters."]
+    elif has_control_characters(spec.name):
+        errors["name"] = [CONTROL_CHARACTERS_MESSAGE]
     ports = tenant.webhook_allowed_ports  # 80/443 and these, as for the webhook handler
     if target_errors := channel_target_errors(spec.kind, spec.target, extra_ports=ports):
         errors["kind" if spec.kind not in AlertChannel.Kind.values else "target"] = target_errors
