@@ -380,6 +380,12 @@ class AlertChannel(models.Model):
     # When the channel last received a message: at most one per TICK_ALERT_CHANNEL_INTERVAL_S,
     # whatever fired meanwhile goes into the next one as a digest.
     last_sent_at = models.DateTimeField(null=True, blank=True)
+    # An e-mail channel receives alerts only once someone followed the link mailed to its
+    # address (alerts/configure.py); webhooks are confirmed when made. NULL = pending.
+    confirmed_at = models.DateTimeField(null=True, blank=True)
+    # sha256 of the secret in the last confirmation link; "" once confirmed.
+    confirmation_token_hash = models.CharField(max_length=64, blank=True, default="")
+    confirmation_sent_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["tenant", "name", "id"]
@@ -387,6 +393,11 @@ class AlertChannel(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} {self.name}"
+
+    @property
+    def confirmation(self) -> str:
+        """ "confirmed", or "pending" while an e-mail address has not confirmed it."""
+        return "confirmed" if self.confirmed_at is not None else "pending"
 
 
 class AlertEvent(models.TextChoices):
