@@ -69,6 +69,9 @@ MIDDLEWARE = [
     "apps.tenants.rls_middleware.TenantRLSMiddleware",
     # request.user.is_verified(): whether this session passed a TOTP device (admin site).
     "django_otp.middleware.OTPMiddleware",
+    # Staff's view of every tenant on the admin's pages, after the second factor (a claim the
+    # database checks: apps/tenants/rls.py).
+    "apps.tenants.rls_middleware.StaffRLSMiddleware",
     # Records the signed-in user's session for the account page's session list (docs/ui.md).
     "apps.tenants.middleware.UserSessionMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
