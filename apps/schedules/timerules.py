@@ -89,6 +89,10 @@ DST_FOLD_CHOICES: Final = tuple(Schedule.DstFold.values)
 _T = TypeVar("_T")
 
 _MAX_YEAR: Final = 9998  # keep a margin below datetime.max for offset arithmetic
+#: Instants a definition may name (start_at, end_at, run_at): from 1970 to 9998, so offset and
+#: window arithmetic never leaves the datetime range (docs/timerules.md).
+MIN_INSTANT_YEAR: Final = 1970
+MAX_INSTANT_YEAR: Final = _MAX_YEAR
 _MIN_INSTANT: Final = datetime(2, 1, 1, tzinfo=UTC)  # and above datetime.min
 
 
@@ -821,6 +825,16 @@ def _to_utc(value: object, field: str) -> datetime:
     return value.astimezone(UTC)
 
 
+def _check_year(value: datetime, field: str) -> datetime:
+    if not MIN_INSTANT_YEAR <= value.year <= MAX_INSTANT_YEAR:
+        raise TimeRuleError(
+            field,
+            f"{field} must be between the years {MIN_INSTANT_YEAR} and {MAX_INSTANT_YEAR}, "
+            f"not {value.year}.",
+        )
+    return value
+
+
 def instant_text(instant: datetime) -> str:
     """An instant as the API writes it: RFC 3339 in UTC with ``Z``, microseconds only when it
     has a sub-second part (``2026-12-03T06:00:00Z``) — DRF's own output in this project's
@@ -833,8 +847,8 @@ def validate_bounds(start_at: datetime | None, end_at: datetime | None) -> None:
 
     Bounds are half-open: a schedule fires at instants ``t`` with ``start_at <= t < end_at``.
     """
-    start = _to_utc(start_at, "start_at") if start_at is not None else None
-    end = _to_utc(end_at, "end_at") if end_at is not None else None
+    start = _check_year(_to_utc(start_at, "start_at"), "start_at") if start_at is not None else None
+    end = _check_year(_to_utc(end_at, "end_at"), "end_at") if end_at is not None else None
     if start is not None and end is not None and end <= start:
         raise TimeRuleError(
             "end_at",
@@ -1115,17 +1129,18 @@ def resolve_one_shot(
         run_at = _parse_run_at(run_at)
     if not isinstance(run_at, datetime):
         raise TimeRuleError("run_at", "run_at must be a datetime or an ISO 8601 string.")
+    _check_year(run_at, "run_at")  # before any offset arithmetic (near datetime.min/max)
     if run_at.tzinfo is not None and run_at.utcoffset() is not None:
-        return run_at.astimezone(UTC)
+        return _check_year(run_at.astimezone(UTC), "run_at")
     wall = run_at.replace(tzinfo=None)
     off0 = wall.replace(tzinfo=tz).utcoffset()
     off1 = wall.replace(tzinfo=tz, fold=1).utcoffset()
     assert off0 is not None and off1 is not None
     if off0 >= off1:  # unique, or repeated: the first instant uses the pre-transition offset
-        return (wall - off0).replace(tzinfo=UTC)
+        return _check_year((wall - off0).replace(tzinfo=UTC), "run_at")
     moment = _transition(tz, wall - off1, wall - off0)
     if dst_gap == Schedule.DstGap.SHIFT:
-        return moment.replace(tzinfo=UTC)
+        return _check_year(moment.replace(tzinfo=UTC), "run_at")
     before, after_jump = _jump(tz, moment)
     raise TimeRuleError(
         "run_at",
