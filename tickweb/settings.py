@@ -110,6 +110,8 @@ LANGUAGE_CODE = "en-us"
 # format (docs/api.md; timerules.instant_text writes the hand-made ones alike).
 TIME_ZONE = "UTC"
 USE_I18N = False
+# The admin's dates in the tenant pages' one format (tickweb/formats/en/formats.py).
+FORMAT_MODULE_PATH = "tickweb.formats"
 USE_TZ = True
 
 STATIC_URL = "static/"

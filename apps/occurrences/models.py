@@ -14,6 +14,7 @@ from django.db import models
 
 # Re-exported: the models and their callers name the lane through this module.
 from apps.occurrences.lanes import Lane as Lane
+from apps.tenants.readable import instant_text
 
 # Namespace of occurrence ids; changing it would change every id, so it is a constant.
 OCCURRENCE_NAMESPACE = uuid.UUID("6f1c3a52-7d0e-5b8e-9a41-2c7f0e9d4b10")
@@ -131,7 +132,7 @@ class Occurrence(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.id} @ {self.scheduled_for.isoformat()} {self.state}"
+        return f"{self.id} @ {instant_text(self.scheduled_for)} {self.state}"
 
 
 class Attempt(models.Model):
@@ -227,7 +228,7 @@ class DispatchOutbox(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"outbox {self.occurrence_id} ({self.lane}) at {self.available_at.isoformat()}"
+        return f"outbox {self.occurrence_id} ({self.lane}) at {instant_text(self.available_at)}"
 
 
 class ShardLease(models.Model):
@@ -269,7 +270,7 @@ class WorkerPresence(models.Model):
     seen_at = models.DateTimeField()
 
     def __str__(self) -> str:
-        return f"{self.hostname}: {self.slots} slots, seen {self.seen_at.isoformat()}"
+        return f"{self.hostname}: {self.slots} slots, seen {instant_text(self.seen_at)}"
 
 
 class TenantActivity(models.Model):
@@ -282,7 +283,7 @@ class TenantActivity(models.Model):
     last_started_at = models.DateTimeField()
 
     def __str__(self) -> str:
-        return f"{self.tenant_id}: last started {self.last_started_at.isoformat()}"
+        return f"{self.tenant_id}: last started {instant_text(self.last_started_at)}"
 
 
 class LeaseMember(models.Model):
@@ -299,7 +300,7 @@ class LeaseMember(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.role} {self.owner} seen {self.seen_at.isoformat()}"
+        return f"{self.role} {self.owner} seen {instant_text(self.seen_at)}"
 
 
 class HandlerEffect(models.Model):
@@ -337,7 +338,7 @@ class RetryBudget(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"retries of {self.tenant_id} from {self.window_start.isoformat()}: {self.used}"
+        return f"retries of {self.tenant_id} from {instant_text(self.window_start)}: {self.used}"
 
 
 class TenantRateBucket(models.Model):
