@@ -11,8 +11,8 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models.functions import Lower
 
-from apps.tenants.text import refuse_control_characters
 from apps.tenants.readable import instant_text
+from apps.tenants.text import refuse_control_characters
 
 # The most extra webhook ports one tenant may open (Tenant.webhook_allowed_ports).
 MAX_WEBHOOK_PORTS = 20

@@ -52,7 +52,7 @@ def test_show_more_lists_the_rest(client, alice, tenant_a):
 
 def test_lists_on_other_pages_are_capped_too(client, alice, tenant_a):
     for n in range(12):
-        api_key_create(tenant=tenant_a, name=f"key {n:02d}")
+        api_key_create(tenant=tenant_a, name=f"key {n:02d}", actor="t")
         channel_create(tenant=tenant_a, spec=ChannelSpec(name=f"ops {n:02d}", kind="email",
                        target=f"ops{n}@example.com"), actor="t")  # fmt: skip
     client.force_login(alice)
