@@ -110,6 +110,8 @@ LANGUAGE_CODE = "en-us"
 # format (docs/api.md; timerules.instant_text writes the hand-made ones alike).
 TIME_ZONE = "UTC"
 USE_I18N = False
+# The admin's dates in the tenant pages' one format (tickweb/formats/en/formats.py).
+FORMAT_MODULE_PATH = "tickweb.formats"
 USE_TZ = True
 
 STATIC_URL = "static/"
@@ -130,6 +132,8 @@ LOGIN_REDIRECT_URL = "dashboard"
 LOGOUT_REDIRECT_URL = "login"
 # Invitation links (apps/tenants/members.py) stop working this many days after they are sent.
 TICK_INVITATION_TTL_DAYS = env_int("TICK_INVITATION_TTL_DAYS", 7)
+# Invitation mails (new and re-sent) one tenant may send per hour; more answer 429.
+TICK_INVITATION_MAILS_PER_HOUR = env_int("TICK_INVITATION_MAILS_PER_HOUR", 20)
 # A user's session row (apps/tenants/models.py: UserSession) is refreshed at most this often.
 TICK_SESSION_SEEN_RESOLUTION_S = env_int("TICK_SESSION_SEEN_RESOLUTION_S", 300)
 # Password-reset links expire after this many seconds (Django's setting; default 1 day here).
@@ -375,17 +379,21 @@ TICK_RETRY_CAP_S = env_int("TICK_RETRY_CAP_S", 600)
 TICK_RETRY_DEADLINE_S = env_int("TICK_RETRY_DEADLINE_S", 86_400)
 # Over-quota claims (Tenant.max_running) are re-queued this much later (plus jitter).
 TICK_QUOTA_DELAY_S = env_int("TICK_QUOTA_DELAY_S", 2)
-# Fair share of worker slots (apps/occurrences/execution/presence.py): while another tenant
-# contends, a tenant may hold at most max(1, floor(capacity x share)) running attempts, and is
-# delayed like an over-quota claim beyond that. 0.5: one tenant never holds more slots than
-# all the others together. Contending = another tenant started an attempt within the last
-# WINDOW seconds or has one running; a tenant alone may use every slot. 60: a tenant that
-# runs every minute counts all the time, so a flood is held to its share from its first claim.
+# Fair share of worker slots (apps/occurrences/execution/presence.py): below
+# max(1, floor(capacity x share)) running attempts a tenant always claims; at or above it, it
+# is delayed like an over-quota claim only while another tenant has work waiting now, and then
+# only at its max-min allocation of the capacity over the waiting tenants. 0.5: with two
+# tenants, neither is held below half the slots. A tenant alone may use every slot.
 # Capacity = TICK_WORKER_SLOTS when set (> 0), else the slots of the live workers, which
 # announce themselves every INTERVAL and stop counting when unseen for TTL; with no live
 # worker (capacity unknown) only Tenant.max_running applies.
 TICK_TENANT_SLOT_SHARE = float(env_str("TICK_TENANT_SLOT_SHARE", "0.5"))
-TICK_FAIR_SHARE_WINDOW_S = env_int("TICK_FAIR_SHARE_WINDOW_S", 60)
+# Strict capacity reserved at the workers: recovery work (catch-up lane, retries) may hold at
+# most the live slots left once this share is kept for on-time runs (at least 1 slot).
+TICK_STRICT_RESERVED_SHARE = float(env_str("TICK_STRICT_RESERVED_SHARE", "0.5"))
+# An occurrence the share defers after waiting longer than this while a slot is free is
+# counted (tick_deferred_beside_free_slots_total, alert TickDeferredBesideFreeSlots).
+TICK_DEFERRAL_ALERT_S = env_int("TICK_DEFERRAL_ALERT_S", 60)
 TICK_WORKER_SLOTS = env_int("TICK_WORKER_SLOTS", 0)
 TICK_WORKER_PRESENCE_INTERVAL_S = env_int("TICK_WORKER_PRESENCE_INTERVAL_S", 10)
 TICK_WORKER_PRESENCE_TTL_S = env_int("TICK_WORKER_PRESENCE_TTL_S", 30)
@@ -404,6 +412,9 @@ TICK_OVERLAP_LOOKBACK_S = env_int("TICK_OVERLAP_LOOKBACK_S", 2 * 86_400)
 TICK_WEBHOOK_CONNECT_TIMEOUT_S = float(env_str("TICK_WEBHOOK_CONNECT_TIMEOUT_S", "5"))
 TICK_WEBHOOK_READ_TIMEOUT_S = float(env_str("TICK_WEBHOOK_READ_TIMEOUT_S", "30"))
 TICK_WEBHOOK_ALLOWLIST = env_list("TICK_WEBHOOK_ALLOWLIST", [])
+# Every outbound HTTP call (a webhook handler's, an alert webhook's) ends by this many seconds,
+# DNS lookup to last byte, whatever the receiver does (apps/occurrences/execution/egress.py).
+TICK_EGRESS_DEADLINE_S = float(env_str("TICK_EGRESS_DEADLINE_S", "40"))
 # Demo handlers (apps/occurrences/execution/demo_handlers.py) offered beside `noop` and
 # `webhook`: `record` sleeps and fails as the tenant's payload asks, so only a debug run
 # (`make run`, `make test`) has it by default. Comma-separated; once set, even to "", it
@@ -439,6 +450,13 @@ TICK_ALERT_COALESCE_S = env_int("TICK_ALERT_COALESCE_S", 10)
 TICK_ALERT_CHANNEL_INTERVAL_S = env_int("TICK_ALERT_CHANNEL_INTERVAL_S", 60)
 # Sends of one message before it is FAILED (transient errors back off 2^n s, at most 10 min).
 TICK_ALERT_MAX_ATTEMPTS = env_int("TICK_ALERT_MAX_ATTEMPTS", 8)
+# Alert messages of one tenant being sent at once, across all workers: a slow or hostile
+# receiver holds at most this many worker slots (each for TICK_EGRESS_DEADLINE_S at most).
+TICK_ALERT_TENANT_SENDS = env_int("TICK_ALERT_TENANT_SENDS", 1)
+# Test alerts one tenant may request per hour, and confirmation mails of e-mail channels it
+# may have sent per hour; more answer 429.
+TICK_ALERT_TESTS_PER_HOUR = env_int("TICK_ALERT_TESTS_PER_HOUR", 10)
+TICK_ALERT_CONFIRMATIONS_PER_HOUR = env_int("TICK_ALERT_CONFIRMATIONS_PER_HOUR", 10)
 # A digest lists this many alerts and counts the rest.
 TICK_ALERT_DIGEST_LIST_MAX = env_int("TICK_ALERT_DIGEST_LIST_MAX", 50)
 # Lag rules are evaluated this often by the reaper.

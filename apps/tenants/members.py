@@ -30,9 +30,11 @@ from django.urls import reverse
 from django.utils import timezone
 
 from apps.tenants import rls
+from apps.tenants.addresses import email_address_errors, hourly_budget_wait_s
 from apps.tenants.errors import (
     InvitationStateConflict,
     LastAdminRefused,
+    MailRateLimited,
     MembershipConflict,
     RefusedRequest,
 )
@@ -104,6 +106,25 @@ def access_membership(*, tenant: Tenant, membership_id: int | str) -> Membership
 # --- invitations ----------------------------------------------------------------------------
 
 
+INVITATION_MAIL_EVENTS = (TenantEvent.Kind.MEMBER_INVITED, TenantEvent.Kind.INVITATION_RESENT)
+
+
+def _refuse_over_mail_budget(tenant: Tenant, now: datetime) -> None:
+    """At most TICK_INVITATION_MAILS_PER_HOUR invitation mails (new and re-sent) per tenant:
+    counted from the account log, under the tenant lock the caller holds."""
+    limit = settings.TICK_INVITATION_MAILS_PER_HOUR
+    sent_at = list(
+        TenantEvent.objects.filter(
+            tenant=tenant, kind__in=INVITATION_MAIL_EVENTS, at__gt=now - timedelta(hours=1)
+        ).values_list("at", flat=True)
+    )
+    if (wait_s := hourly_budget_wait_s(sent_at, limit=limit, now=now)) is not None:
+        raise MailRateLimited(
+            f"This tenant sent {limit} invitation mails in the last hour; try again in {wait_s} s.",
+            retry_after_s=wait_s,
+        )
+
+
 def _send_invitation(invitation: Invitation, token: str, site_url: str) -> None:
     link = site_url.rstrip("/") + reverse("invitation-accept", args=[token])
     context = {"invitation": invitation, "link": link, "tenant": invitation.tenant}
@@ -130,6 +151,8 @@ def invitation_create(
             f"Use an address of at most {USERNAME_MAX} characters: it becomes the username.",
             field="email",
         )
+    if address_errors := email_address_errors(email):
+        raise RefusedRequest(address_errors[0], field="email")
     _lock_tenant(tenant)
     if Membership.objects.filter(
         tenant=tenant, user__in=users_with_address(email).values("pk")
@@ -142,6 +165,7 @@ def invitation_create(
             f"{email} already has an open invitation; re-send or revoke it.", field="email"
         )
     now = timezone.now()
+    _refuse_over_mail_budget(tenant, now)
     token = secrets.token_urlsafe(32)
     invitation = Invitation.objects.create(
         tenant=tenant, email=email, role=role, token_hash=_token_hash(token), invited_by=actor,
@@ -169,6 +193,7 @@ def invitation_resend(*, invitation: Invitation, actor: str, site_url: str) -> I
     _lock_tenant(invitation.tenant)
     invitation = _lock_open_invitation(invitation)
     now = timezone.now()
+    _refuse_over_mail_budget(invitation.tenant, now)
     token = secrets.token_urlsafe(32)
     invitation.token_hash, invitation.sent_at, invitation.expires_at = (
         _token_hash(token), now, now + _ttl(),

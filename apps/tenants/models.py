@@ -11,6 +11,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models.functions import Lower
 
+from apps.tenants.readable import instant_text
 from apps.tenants.text import refuse_control_characters
 
 # The most extra webhook ports one tenant may open (Tenant.webhook_allowed_ports).
@@ -152,7 +153,7 @@ class ApiRateWindow(models.Model):
     count = models.PositiveIntegerField()
 
     def __str__(self) -> str:
-        return f"{self.tenant_id} {self.window_start.isoformat()} x{self.count}"
+        return f"{self.tenant_id} {instant_text(self.window_start)} x{self.count}"
 
 
 class TenantEvent(models.Model):
