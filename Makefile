@@ -43,6 +43,7 @@ lint: install
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy .
 	$(BIN)/lint-imports
+	$(BIN)/python scripts/check_docs.py
 	$(BIN)/python manage.py makemigrations --check --dry-run
 	$(BIN)/python manage.py check --fail-level WARNING
 	$(BIN)/python manage.py spectacular --validate --fail-on-warn --file /dev/null

@@ -43,7 +43,8 @@ class OccurrenceSerializer(serializers.ModelSerializer[Occurrence]):
         help_text="How late the handler started, in seconds: the first attempt's started_at "
         "minus scheduled_for (strict and catchup lanes) or minus available_at (flexible "
         "lane). Includes the queue wait and any quota or overlap delay; retries are not "
-        "counted. null until the first attempt starts."
+        "counted. null until the first attempt starts. A run asked for (origin manual or "
+        "backfill) counts from its available_at, when it was asked for."
     )
 
     class Meta:
@@ -119,9 +120,17 @@ class AlertChannelSerializer(serializers.ModelSerializer[AlertChannel]):
         "TICK_ALERT_CHANNEL_INTERVAL_S); null if never.",
     )
 
+    confirmation = serializers.ChoiceField(
+        choices=["pending", "confirmed"],
+        read_only=True,
+        help_text="pending: an e-mail channel whose address has not followed the link mailed "
+        "to it yet; nothing is recorded or sent for it. Webhook channels are confirmed.",
+    )
+
     class Meta:
         model = AlertChannel
-        fields = ["id", "name", "kind", "target", "enabled", "created_at", "last_sent_at"]
+        fields = ["id", "name", "kind", "target", "enabled", "confirmation", "created_at",
+                  "last_sent_at"]  # fmt: skip
         read_only_fields = fields
 
 

@@ -9,6 +9,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.contrib import messages
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
@@ -20,7 +21,9 @@ from django.views.decorators.http import require_POST
 
 from apps.occurrences.manual_runs import (
     BackfillReceipt,
+    BackfillTooLarge,
     RunNowReceipt,
+    backfill_instants,
     schedule_backfill,
     schedule_run_now,
 )
@@ -66,6 +69,7 @@ from apps.schedules.services import (
     schedule_preview_saved,
 )
 from apps.schedules.timerules import TimeRuleError
+from apps.tenants.page_lists import PageList, page_list
 from apps.tenants.pagination import (
     WEB_CURSOR,
     InvalidCursor,
@@ -77,7 +81,9 @@ from apps.tenants.pagination import (
 from apps.tenants.web import actor_of, admin_only, tenant_page, tick_of
 
 PAGE_SIZE = 25
-RECENT_OCCURRENCES = 20
+# The schedule page's recent occurrences after "Show more" (10 before); the rest are on the
+# occurrence list, filtered to the schedule.
+RECENT_OCCURRENCES = 100
 # Recent occurrences are read from this window of day partitions only.
 RECENT_WINDOW = timedelta(days=7)
 
@@ -170,25 +176,32 @@ def _version_changes(versions: list[ScheduleVersion]) -> list[dict[str, Any]]:
     return list(reversed(rows))
 
 
-def _recent_occurrences(schedule: Schedule, now: datetime) -> list[dict[str, Any]]:
-    occurrences = list(
+def _recent_occurrences(request: HttpRequest, schedule: Schedule, now: datetime) -> PageList:
+    """The schedule's latest occurrences, each with its attempt count and last attempt (one
+    query for the page's rows: the attempts themselves are on the occurrence's page)."""
+    recent = page_list(request, "recent", (
         occurrences_for(tenant=schedule.tenant)
         .filter(
             schedule_id=schedule.id,
             scheduled_for__gte=now - RECENT_WINDOW,
             scheduled_for__lt=now + timedelta(days=1),
         )
-        .order_by("-scheduled_for", "-id")[:RECENT_OCCURRENCES]
-    )
-    attempts: dict[uuid.UUID, list[Attempt]] = {}
-    if occurrences:
-        for attempt in Attempt.objects.filter(
-            tenant_id=schedule.tenant_id,
-            occurrence_id__in=[o.id for o in occurrences],
-            scheduled_for__in={o.scheduled_for for o in occurrences},
-        ).order_by("attempt_no"):
-            attempts.setdefault(attempt.occurrence_id, []).append(attempt)
-    return [{"occ": o, "attempts": attempts.get(o.id, [])} for o in occurrences]
+        .order_by("-scheduled_for", "-id")
+    ), expanded_cap=RECENT_OCCURRENCES)  # fmt: skip
+    last: dict[uuid.UUID, Attempt] = {}
+    if recent.rows:
+        for attempt in (
+            Attempt.objects.filter(
+                tenant_id=schedule.tenant_id,
+                occurrence_id__in=[o.id for o in recent.rows],
+                scheduled_for__in={o.scheduled_for for o in recent.rows},
+            )
+            .order_by("occurrence_id", "scheduled_for", "-attempt_no")
+            .distinct("occurrence_id", "scheduled_for")
+        ):
+            last[attempt.occurrence_id] = attempt
+    rows = [{"occ": o, "last": last.get(o.id)} for o in recent.rows]
+    return PageList(recent.name, rows, recent.more, recent.expanded)
 
 
 def _detail(
@@ -201,18 +214,22 @@ def _detail(
 ) -> HttpResponse:
     now = timezone.now()
     versions = list(ScheduleVersion.objects.filter(schedule=schedule).order_by("version"))
-    events = list(ScheduleEvent.objects.filter(schedule=schedule).order_by("-at", "-id")[:100])
+    events = ScheduleEvent.objects.filter(schedule=schedule).order_by("-at", "-id")
     # Only an active schedule fires: a paused one shows its state, not the instants its
     # pause canceled (docs/ui.md).
     active = schedule.state == Schedule.State.ACTIVE
     return render(request, "tick/schedule_detail.html", {
-        "schedule": schedule, "versions": _version_changes(versions), "events": events,
+        "schedule": schedule,
+        "versions": page_list(request, "versions", _version_changes(versions)),
+        "events": page_list(request, "events", events),
         "next_run": next_runs_shown([schedule], now=now)[schedule.id],
         "preview": schedule_preview_saved(schedule=schedule, count=10, now=now) if active else [],
-        "recent": _recent_occurrences(schedule, now), "receipt": result.receipt if result else None,
+        "recent": _recent_occurrences(request, schedule, now),
+        "recent_all": f"{reverse('occurrence-list')}?schedule={schedule.id}",
+        "receipt": result.receipt if result else None,
         "dst_changes": schedule_dst_changes(timing=schedule, now=now),
         "words": schedule_in_words(schedule),
-        "nav": "schedules", **_manual_context(manual, now),
+        "nav": "schedules", **_manual_context(schedule, manual, now),
     }, status=status)  # fmt: skip
 
 
@@ -340,26 +357,42 @@ def schedule_cancel_view(request: HttpRequest, schedule_id: str) -> HttpResponse
 # Run now and backfill (apps/occurrences/manual_runs.py; the API's validation)
 # --------------------------------------------------------------------------------------------
 
-_LOCAL_MINUTE = "%Y-%m-%dT%H:%M"
+# The backfill dialog's fields: UTC, 24-hour, as the pages write instants (docs/ui.md).
+_UTC_MINUTE = "%Y-%m-%d %H:%M"
+# The dialog's default range: the longest of these that one backfill accepts.
+_BACKFILL_SPANS = (timedelta(days=1), timedelta(hours=1), timedelta(minutes=10))
+
+
+def _backfill_default_start(schedule: Schedule, end: datetime) -> datetime:
+    """The start of the longest default span whose instants fit one backfill (the last 24 h
+    of an every-minute rule hold 1,440, over the cap: the dialog would open on an error)."""
+    for span in _BACKFILL_SPANS:
+        try:
+            backfill_instants(schedule=schedule, start=end - span, end=end)
+        except BackfillTooLarge:
+            continue
+        return end - span
+    return end - _BACKFILL_SPANS[-1]
 
 
 def _manual_context(
-    manual: RunNowReceipt | BackfillReceipt | None, now: datetime
+    schedule: Schedule, manual: RunNowReceipt | BackfillReceipt | None, now: datetime
 ) -> dict[str, Any]:
     """The run-now form's fresh request id (a resubmitted form runs once) and the backfill
-    dialog's default range (the last 24 h, in UTC like every web form)."""
+    dialog's default range (the last 24 h, or less when those hold too many instants)."""
     end = now.replace(second=0, microsecond=0)
     return {
         "run_receipt": manual if isinstance(manual, RunNowReceipt) else None,
         "backfill_receipt": manual if isinstance(manual, BackfillReceipt) else None,
         "run_request_id": str(uuid.uuid4()),
-        "backfill_from": (end - timedelta(days=1)).strftime(_LOCAL_MINUTE),
-        "backfill_to": end.strftime(_LOCAL_MINUTE),
+        "backfill_from": _backfill_default_start(schedule, end).strftime(_UTC_MINUTE),
+        "backfill_to": end.strftime(_UTC_MINUTE),
+        "backfill_max": settings.TICK_BACKFILL_MAX_INSTANTS,
     }
 
 
 def _as_utc_text(text: str) -> str:
-    """A form's `datetime-local` value (no offset) read as UTC; anything else as typed, for
+    """A form's `YYYY-MM-DD HH:MM` value (no offset) read as UTC; anything else as typed, for
     the serializer to judge."""
     value = parse_datetime(text.strip()) if text else None
     if value is not None and value.tzinfo is None:

@@ -81,3 +81,18 @@ def test_a_rerun_does_not_reset_a_changed_password() -> None:
 
     assert _demo().check_password("changed-by-the-owner-1")
     assert "password unchanged" in out
+
+
+@override_settings(DEBUG=True)
+def test_the_printed_curl_carries_the_printed_key_and_asks_for_finished_runs(client) -> None:
+    out = _run()
+    key = re.search(r"^api key: (\S+)$", out, re.MULTILINE)
+    curl = re.search(r"curl -H 'Authorization: Bearer (\S+)' '(\S+)'", out)
+
+    assert key is not None and curl is not None
+    assert curl.group(1) == key.group(1)
+    assert "state=succeeded" in curl.group(2)
+    path = curl.group(2).split("127.0.0.1:8000", 1)[1]
+    answer = client.get(path, HTTP_AUTHORIZATION=f"Bearer {key.group(1)}")
+    assert answer.status_code == 200
+    assert all(row["state"] == "SUCCEEDED" for row in answer.json()["results"])

@@ -21,6 +21,7 @@ from apps.occurrences.execution.reaper import attempts_reap
 from apps.occurrences.execution.replay import occurrences_replay
 from apps.occurrences.execution.run import occurrence_execute
 from apps.occurrences.models import Attempt, DispatchOutbox, Lane, Occurrence, RetryBudget
+from apps.occurrences.tests.support.clock import clear_of_the_hour_end
 from apps.occurrences.tests.support.rows import occurrence, schedule, state_of
 from apps.schedules.models import Schedule
 from apps.tenants.tests.races import run_at_once
@@ -278,7 +279,9 @@ def _refused(reason: str) -> float:
 
 @pytest.mark.django_db
 def test_reaper_requeues_spend_the_retry_budget(tenant_a, settings):
-    # given: a tenant with 2 retries an hour and 3 runs whose workers vanished
+    # given: a tenant with 2 retries an hour and 3 runs whose workers vanished, the reaper's
+    # clock (lease + 11 s ahead) and the last completion inside the same budget hour
+    clear_of_the_hour_end(settings.TICK_ATTEMPT_LEASE_S + 30)
     tenant_a.retry_budget_per_hour = 2
     tenant_a.save(update_fields=["retry_budget_per_hour"])
     sched = schedule(tenant_a)
