@@ -8,6 +8,7 @@ from apps.occurrences.schedule_changes import schedule_cancel, schedule_pause, s
 from apps.schedules.errors import LifecycleError
 from apps.schedules.models import Schedule, ScheduleEvent, ScheduleVersion
 from apps.tenants.admin_base import TickModelAdmin, staff_actor
+from apps.tenants.readable import detail_text
 
 
 class ScheduleVersionInline(admin.TabularInline[ScheduleVersion, Schedule]):
@@ -21,7 +22,11 @@ class ScheduleEventInline(admin.TabularInline[ScheduleEvent, Schedule]):
     model = ScheduleEvent
     extra = 0
     can_delete = False
-    readonly_fields = fields = ("at", "kind", "version", "actor", "detail")
+    readonly_fields = fields = ("at", "kind", "version", "actor", "details")
+
+    @admin.display(description="Detail")
+    def details(self, obj: ScheduleEvent) -> str:
+        return detail_text(obj.detail)
 
 
 @admin.register(Schedule)
