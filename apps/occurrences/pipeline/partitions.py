@@ -66,7 +66,7 @@ def partitions_ensure(days: Iterable[date]) -> list[str]:
 # claim (which change no indexed column) can write the new row version into the same page: a
 # HOT update, no new index entries (docs/decisions.md "PostgreSQL work per occurrence").
 # Attempts gain nothing: each of their updates changes an indexed column.
-PARTITION_FILLFACTOR = {"occurrences_occurrence": 80}
+PARTITION_FILLFACTOR = {"occurrences_occurrence": 65}
 
 
 def _storage(table: str) -> str:

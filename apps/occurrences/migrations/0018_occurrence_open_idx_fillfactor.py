@@ -8,17 +8,17 @@ _FILLFACTOR = """
     BEGIN
         FOR part IN SELECT inhrelid::regclass FROM pg_inherits
                     WHERE inhparent = 'occurrences_occurrence'::regclass LOOP
-            EXECUTE format('ALTER TABLE %s SET (fillfactor = 80)', part);
+            EXECUTE format('ALTER TABLE %s SET (fillfactor = 65)', part);
         END LOOP;
     END $$;
 """
-_FILLFACTOR_RESET = _FILLFACTOR.replace("SET (fillfactor = 80)", "RESET (fillfactor)")
+_FILLFACTOR_RESET = _FILLFACTOR.replace("SET (fillfactor = 65)", "RESET (fillfactor)")
 
 
 class Migration(migrations.Migration):
 
     dependencies = [
-        ("occurrences", "0016_alert_sending_lease"),
+        ("occurrences", "0017_alert_channel_confirmation"),
     ]
 
     operations = [
