@@ -428,6 +428,9 @@ TICK_EXTRA_HANDLERS = [
 # Reaper backstop (`manage.py reap`): ENQUEUED this long after its last broker confirm with
 # no claim = the broker lost it; republished with the same id. Above the worst queue wait.
 TICK_REDELIVER_AFTER_S = env_int("TICK_REDELIVER_AFTER_S", 600)
+# The backstop looks back TICK_RETRY_DEADLINE_S by instant on each pass; every this often it
+# reads every partition (older backfilled instants, rows left across a long outage).
+TICK_REDELIVER_DEEP_EVERY_S = env_int("TICK_REDELIVER_DEEP_EVERY_S", 600)
 
 # Daily occurrence partitions (`manage.py partitions`): created ahead, dropped after retention.
 TICK_PARTITION_DAYS_AHEAD = env_int("TICK_PARTITION_DAYS_AHEAD", 7)
