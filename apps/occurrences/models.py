@@ -120,14 +120,16 @@ class Occurrence(models.Model):
             # of the schedule list (apps/occurrences/schedule_health.py, a LATERAL probe per
             # schedule of the page). The unique key leads with the version, so it cannot.
             models.Index(fields=["schedule", "scheduled_for"], name="occurrence_schedule_time_idx"),
-            # The backstop of `manage.py reap` (redelivery.occurrences_redeliver): published,
-            # unfinished occurrences by first confirm; in-flight work only. Not
-            # `WHERE state = 'ENQUEUED'`: a predicate on state makes every state change a
-            # non-HOT update; this one spares the claim's (docs/decisions.md).
+            # The backstop of `manage.py reap` (redelivery.occurrences_redeliver): unfinished
+            # occurrences by instant; in-flight work only. Neither `state` nor `enqueued_at`
+            # is indexed or in the predicate: the relay's record and the claim change only
+            # unindexed columns, so with the partitions' free space (PARTITION_FILLFACTOR)
+            # they can be HOT updates; only the completion leaves the index
+            # (docs/decisions.md "PostgreSQL work per occurrence").
             models.Index(
-                fields=["enqueued_at"],
-                name="occurrence_enqueued_open_idx",
-                condition=models.Q(finished_at__isnull=True, enqueued_at__isnull=False),
+                fields=["scheduled_for"],
+                name="occurrence_open_idx",
+                condition=models.Q(finished_at__isnull=True),
             ),
         ]
 
@@ -381,6 +383,12 @@ class AlertChannel(models.Model):
     # When the channel last received a message: at most one per TICK_ALERT_CHANNEL_INTERVAL_S,
     # whatever fired meanwhile goes into the next one as a digest.
     last_sent_at = models.DateTimeField(null=True, blank=True)
+    # An e-mail channel receives alerts only once someone followed the link mailed to its
+    # address (alerts/configure.py); webhooks are confirmed when made. NULL = pending.
+    confirmed_at = models.DateTimeField(null=True, blank=True)
+    # sha256 of the secret in the last confirmation link; "" once confirmed.
+    confirmation_token_hash = models.CharField(max_length=64, blank=True, default="")
+    confirmation_sent_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["tenant", "name", "id"]
@@ -388,6 +396,11 @@ class AlertChannel(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} {self.name}"
+
+    @property
+    def confirmation(self) -> str:
+        """ "confirmed", or "pending" while an e-mail address has not confirmed it."""
+        return "confirmed" if self.confirmed_at is not None else "pending"
 
 
 class AlertEvent(models.TextChoices):
@@ -459,6 +472,9 @@ class AlertDelivery(models.Model):
     sent_at = models.DateTimeField(null=True, blank=True)
     attempts = models.PositiveIntegerField(default=0)
     last_error = models.TextField(blank=True)
+    # Set while a worker sends it (the send's deadline plus a margin, so a worker that died
+    # frees the slot by itself): the tenant's sends in flight are capped (deliver.py).
+    sending_until = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at", "id"]

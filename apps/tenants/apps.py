@@ -19,3 +19,17 @@ class TenantsConfig(AppConfig):
 
         # A connection reopened mid-request keeps the request's row-level security.
         connection_created.connect(rls.reapply_on_reconnect, dispatch_uid="tick-rls-reapply")
+        from django.db.models.signals import pre_delete
+
+        from apps.tenants.members import membership_deleted
+        from apps.tenants.models import Membership
+
+        # A backstop: the services revoke a leaving member's keys with the actor; a
+        # membership deleted any other way (an account deleted in the admin cascades) still
+        # takes its keys with it.
+        pre_delete.connect(membership_deleted, sender=Membership, dispatch_uid="tick-member-keys")
+        from django.db.models.signals import post_migrate
+
+        # Every `migrate` stores the staff claims' key derived from the current SECRET_KEY, so
+        # a rotated SECRET_KEY takes effect in the database at the next migrate.
+        post_migrate.connect(rls.staff_key_stored, sender=self, dispatch_uid="tick-staff-key")

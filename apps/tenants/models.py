@@ -12,15 +12,19 @@ from django.db import models
 from django.db.models.functions import Lower
 
 from apps.tenants.readable import instant_text
+from apps.tenants.text import refuse_control_characters
 
 # The most extra webhook ports one tenant may open (Tenant.webhook_allowed_ports).
 MAX_WEBHOOK_PORTS = 20
+# The most API keys one tenant may hold at once (neither revoked nor expired): a key is a
+# credential someone must answer for, not a counter.
+MAX_ACTIVE_API_KEYS = 50
 
 
 class Tenant(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     slug = models.SlugField(max_length=63, unique=True)
-    name = models.CharField(max_length=200)
+    name = models.CharField(max_length=200, validators=[refuse_control_characters])
     created_at = models.DateTimeField(auto_now_add=True)
 
     # Quotas (enforcement: docs/decisions.md). Rates are per second; breaches are refused (429)
@@ -31,7 +35,8 @@ class Tenant(models.Model):
     catchup_rate_per_s = models.PositiveIntegerField(default=50)
     # A rule whose consecutive fires come closer than this is refused at the API (400).
     min_interval_s = models.PositiveIntegerField(default=60)
-    # Requests per minute per API key (fixed window in PostgreSQL; 429 + Retry-After).
+    # API requests per minute of the tenant, all its keys together (fixed window in
+    # PostgreSQL; 429 + Retry-After).
     api_rate_per_min = models.PositiveIntegerField(default=600)
     # Transient-failure retries per UTC hour; beyond it a failing occurrence goes DEAD.
     retry_budget_per_hour = models.PositiveIntegerField(default=1_000)
@@ -84,7 +89,7 @@ class ApiKey(models.Model):
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="api_keys")
-    name = models.CharField(max_length=100)
+    name = models.CharField(max_length=100, validators=[refuse_control_characters])
     # Visible part of the key ("tick_" + 8 chars), for people to tell keys apart.
     prefix = models.CharField(max_length=16, db_index=True)
     key_hash = models.CharField(max_length=64, unique=True)
@@ -97,6 +102,13 @@ class ApiKey(models.Model):
     role = models.CharField(
         max_length=16, choices=Membership.Role.choices, default=Membership.Role.ADMIN
     )
+    # The member who created it in the web UI; NULL for an operator's key (manage.py). The
+    # key is theirs: revoked when they leave the tenant, and an admin key when they are
+    # demoted (apps/tenants/services.py `member_keys_revoke`).
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+        related_name="+",
+    )  # fmt: skip
 
     def __str__(self) -> str:
         return f"{self.prefix}… ({self.name})"
@@ -130,17 +142,18 @@ class IdempotencyKey(models.Model):
         return f"{self.tenant_id}:{self.key}"
 
 
-class ApiKeyRateWindow(models.Model):
-    """Per-key request counter of the current fixed window (one row per key, upserted)."""
+class ApiRateWindow(models.Model):
+    """A tenant's API request counter of the current fixed window (one row per tenant,
+    upserted): every key of the tenant counts against one limit."""
 
-    api_key = models.OneToOneField(
-        ApiKey, on_delete=models.CASCADE, primary_key=True, related_name="+"
+    tenant = models.OneToOneField(
+        Tenant, on_delete=models.CASCADE, primary_key=True, related_name="+"
     )
     window_start = models.DateTimeField()
     count = models.PositiveIntegerField()
 
     def __str__(self) -> str:
-        return f"{self.api_key_id} {instant_text(self.window_start)} x{self.count}"
+        return f"{self.tenant_id} {instant_text(self.window_start)} x{self.count}"
 
 
 class TenantEvent(models.Model):

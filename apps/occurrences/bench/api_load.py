@@ -439,7 +439,7 @@ def bench_api_tenant(prefix: str) -> tuple[uuid.UUID, str]:
     Tenant.objects.filter(id=tenant_id).update(
         api_rate_per_min=1_000_000_000, max_active_schedules=1_000_000_000
     )
-    _, raw = api_key_create(tenant=Tenant.objects.get(id=tenant_id), name="bench")
+    _, raw = api_key_create(actor="bench", tenant=Tenant.objects.get(id=tenant_id), name="bench")
     return tenant_id, raw
 
 
@@ -463,11 +463,10 @@ def preload_schedules(tenant_id: uuid.UUID, count: int) -> list[str]:
     return [str(sid) for sid in ids]
 
 
-# The API's own rows of a tenant (keys and their rate windows, idempotency keys, account
+# The API's own rows of a tenant (its rate window, keys, idempotency keys, account
 # events, signing secrets), before bench_tenants_delete removes the scheduling rows.
 _API_TENANT_DELETES = (
-    "DELETE FROM tenants_apikeyratewindow WHERE api_key_id IN "
-    "(SELECT id FROM tenants_apikey WHERE tenant_id = %s)",
+    "DELETE FROM tenants_apiratewindow WHERE tenant_id = %s",
     "DELETE FROM tenants_apikey WHERE tenant_id = %s",
     "DELETE FROM tenants_idempotencykey WHERE tenant_id = %s",
     "DELETE FROM tenants_tenantevent WHERE tenant_id = %s",

@@ -52,7 +52,7 @@ def _tenant(label: str, schedules: int) -> tuple[Tenant, str]:
     Tenant.objects.filter(pk=tenant.pk).update(api_rate_per_min=10**9)
     for n in range(schedules):
         schedule_create(tenant=tenant, spec=_spec(n), actor="bench")
-    _, raw = api_key_create(tenant=tenant, name="bench")
+    _, raw = api_key_create(actor="bench", tenant=tenant, name="bench")
     return tenant, raw
 
 
@@ -94,7 +94,7 @@ def _sql_samples(tenant: Tenant, rounds: int) -> dict[str, list[float]]:
     for _ in range(rounds):
         samples["round_trip"].append(_sql_timed("SELECT 1", []))
         samples["owner"].append(_sql_timed(sql, params))
-        rls.request_begin(user_id=None, staff=False)
+        rls.request_begin(user_id=None)
         rls.tenant_enter(tenant.pk)
         samples["policy"].append(_sql_timed(sql, params))
         rls.request_end()

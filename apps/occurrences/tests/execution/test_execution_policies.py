@@ -21,6 +21,7 @@ from apps.occurrences.execution.reaper import attempts_reap
 from apps.occurrences.execution.replay import occurrences_replay
 from apps.occurrences.execution.run import occurrence_execute
 from apps.occurrences.models import Attempt, DispatchOutbox, Lane, Occurrence, RetryBudget
+from apps.occurrences.tests.support.clock import clear_of_the_hour_end
 from apps.occurrences.tests.support.rows import occurrence, schedule, state_of
 from apps.schedules.models import Schedule
 from apps.tenants.tests.races import run_at_once
@@ -160,7 +161,8 @@ def test_concurrency_quota_holds_under_a_burst(tenant_a):
     assert Attempt.objects.filter(tenant=tenant_a, finished_at__isnull=True).count() == 3
     delayed = DispatchOutbox.objects.filter(tenant_id=tenant_a.id)
     assert delayed.count() == 9 and {d.lane for d in delayed} == {Lane.RETRY}
-    assert all(now + timedelta(seconds=2) <= d.available_at <= now + timedelta(seconds=4)
+    # fresh arrivals ask again after 4-8 s (twice the base: deferred ones go first)
+    assert all(now + timedelta(seconds=4) <= d.available_at <= now + timedelta(seconds=8)
                for d in delayed)  # fmt: skip
     assert not Occurrence.objects.filter(state__in=["DEAD", "SKIPPED_OVERLAP"]).exists()
 
@@ -277,7 +279,9 @@ def _refused(reason: str) -> float:
 
 @pytest.mark.django_db
 def test_reaper_requeues_spend_the_retry_budget(tenant_a, settings):
-    # given: a tenant with 2 retries an hour and 3 runs whose workers vanished
+    # given: a tenant with 2 retries an hour and 3 runs whose workers vanished, the reaper's
+    # clock (lease + 11 s ahead) and the last completion inside the same budget hour
+    clear_of_the_hour_end(settings.TICK_ATTEMPT_LEASE_S + 30)
     tenant_a.retry_budget_per_hour = 2
     tenant_a.save(update_fields=["retry_budget_per_hour"])
     sched = schedule(tenant_a)

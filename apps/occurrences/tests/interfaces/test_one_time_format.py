@@ -96,7 +96,9 @@ def world(tenant_a: Any, alice: Any, django_user_model: Any) -> dict[str, Any]:
     send_test_alert(channel=ch, actor="user:alice")
     signing_secret_rotate(tenant=tenant_a, actor="user:alice")
     signing_secret_rotate(tenant=tenant_a, actor="user:alice", previous_expires_in_s=3600)
-    key, _ = api_key_create(tenant=tenant_a, name="ci", expires_at=now + timedelta(days=30))
+    key, _ = api_key_create(
+        tenant=tenant_a, name="ci", actor="user:alice", expires_at=now + timedelta(days=30)
+    )
     invitation_create(tenant=tenant_a, email="bob@example.com", role=Membership.Role.VIEWER,
                       actor="user:alice", site_url="http://testserver")  # fmt: skip
     root = django_user_model.objects.create_superuser("root", password="pw-root-123")
