@@ -128,7 +128,10 @@ class ScheduleForm(forms.Form):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        # No handler preselected: `record` is the demo's, not for production (README).
+        # No handler preselected: `record` is the demo's, not for production (README). Not
+        # required here: the live preview works before one is chosen, and a save without one
+        # is refused by the API's serializer under the field.
+        self.fields["handler"].required = False
         self.fields["handler"].choices = [("", "— choose a handler —")] + [  # type: ignore[attr-defined]
             (n, n) for n in handler_names()
         ]

@@ -51,3 +51,16 @@ def test_the_signing_page_links_the_webhook_guide_rendered(client, alice):
     assert guide.status_code == 200 and '<nav class="nav">' in body
     assert re.search(r"<h1>[^<]+</h1>", body) and "<code>webhook-signature</code>" in body
     assert "<script>" not in body.split('id="doc"', 1)[1]
+
+
+def test_a_schedule_saved_without_a_handler_is_refused_under_the_field(client, alice):
+    client.force_login(alice)
+    form = {"name": "x", "kind": "cron", "expression": "0 9 * * *", "time_zone": "UTC",
+            "handler": "", "payload": "{}", "precision": "strict", "misfire_policy": "fire_once",
+            "overlap_policy": "allow", "dst_gap": "skip", "dst_fold": "first"}  # fmt: skip
+
+    response = client.post("/schedules/new/", form)
+    preview = client.post("/schedules/preview/", form)
+
+    assert response.status_code == 400 and "handler" in response.context["form"].errors
+    assert preview.status_code == 200 and preview.context["entries"]  # previews without one
