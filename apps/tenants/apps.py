@@ -1,5 +1,4 @@
 from django.apps import AppConfig
-from django.db.backends.signals import connection_created
 
 
 class TenantsConfig(AppConfig):
@@ -15,7 +14,3 @@ class TenantsConfig(AppConfig):
         # Session bookkeeping at login, like Django's own last_login update (not domain logic;
         # docs/decisions.md: session list).
         user_logged_in.connect(session_logged_in, dispatch_uid="tick-user-session")
-        from apps.tenants import rls
-
-        # A connection reopened mid-request keeps the request's row-level security.
-        connection_created.connect(rls.reapply_on_reconnect, dispatch_uid="tick-rls-reapply")
