@@ -101,7 +101,7 @@ def charlie(tenant_b: Tenant, django_user_model: Any) -> Any:
 
 
 def _client_for(tenant: Tenant) -> APIClient:
-    _, raw = api_key_create(tenant=tenant, name="test")
+    _, raw = api_key_create(actor="test", tenant=tenant, name="test")
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
     return client

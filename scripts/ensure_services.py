@@ -48,6 +48,22 @@ ROOT_EMBEDDED_PGDATA = Path("/var/tmp/tick-embedded-pg")  # noqa: S108
 CONNECT_TIMEOUT = 3
 PG_START_WAIT = 30.0
 RABBIT_START_WAIT = 60.0
+# Applied to a PostgreSQL this script starts itself (never to one that was already running):
+# the settings docs/operations.md "PostgreSQL settings" gives production, reloadable without a
+# restart. Checkpoints far apart keep WAL from being mostly full-page images; autovacuum wakes
+# often and works fast enough to follow the hot daily partitions.
+PG_SETTINGS = {
+    "max_wal_size": "16GB",
+    "min_wal_size": "2GB",
+    "checkpoint_timeout": "15min",
+    "checkpoint_completion_target": "0.9",
+    "wal_compression": "lz4",
+    "autovacuum_naptime": "15s",
+    "autovacuum_vacuum_cost_limit": "2000",
+    "autovacuum_vacuum_scale_factor": "0.05",
+    "autovacuum_vacuum_insert_scale_factor": "0.05",
+    "maintenance_work_mem": "512MB",
+}
 # Characters that break the env file when the Makefile `include`s it or a shell sources it.
 UNSAFE_ENV_CHARS = frozenset("\n\r$#`\"'\\ ")
 
@@ -157,6 +173,23 @@ def pg_connect_maintenance(target: PgTarget) -> psycopg.Connection[Any]:
     return psycopg.connect(
         target.url, dbname="template1", connect_timeout=CONNECT_TIMEOUT, autocommit=True
     )
+
+
+def pg_apply_settings(target: PgTarget) -> None:
+    """ALTER SYSTEM the PG_SETTINGS and reload: for a server this script started."""
+    import psycopg
+
+    applied = []
+    with pg_connect_maintenance(target) as conn:
+        for name, value in PG_SETTINGS.items():
+            try:
+                # ALTER SYSTEM takes no parameters; names and values are constants here.
+                conn.execute(f"ALTER SYSTEM SET {name} = '{value}'")
+                applied.append(name)
+            except psycopg.Error as exc:  # e.g. a build without lz4: the server stays usable
+                log(f"PostgreSQL at {target.where}: {name} = {value} not applied ({exc})")
+        conn.execute("SELECT pg_reload_conf()")
+    log(f"PostgreSQL at {target.where}: applied {', '.join(applied)}")
 
 
 def pg_probe(target: PgTarget) -> str | None:
@@ -399,6 +432,7 @@ def resolve_postgres(args: argparse.Namespace) -> str:
         if os.environ.get("DATABASE_URL"):
             log("--force-embedded-postgres: ignoring DATABASE_URL from the environment")
         url = start_embedded_postgres(pgdata, args.database)
+        pg_apply_settings(parse_pg_url(url))
         pg_ensure_database(parse_pg_url(url))
         return url
 
@@ -425,6 +459,7 @@ def resolve_postgres(args: argparse.Namespace) -> str:
     # Default URL (or this script's own embedded URL) and nothing is answering: start one.
     if target.url != default_url:  # the embedded server we set up before
         url = start_embedded_postgres(pgdata, args.database)
+        pg_apply_settings(parse_pg_url(url))
         pg_ensure_database(parse_pg_url(url))
         return url
     log(f"PostgreSQL at {target.where} is not reachable ({reason}); starting a local one")
@@ -441,9 +476,11 @@ def resolve_postgres(args: argparse.Namespace) -> str:
                 f"({pg_probe(default_target)}): see /var/log/postgresql/, or set DATABASE_URL "
                 "to a reachable server"
             )
+        pg_apply_settings(default_target)
         pg_ensure_database(default_target)
         return default_target.url
     url = start_embedded_postgres(pgdata, args.database)
+    pg_apply_settings(parse_pg_url(url))
     pg_ensure_database(parse_pg_url(url))
     return url
 

@@ -17,6 +17,7 @@ from django.apps import AppConfig
 from django.conf import settings
 from django.core import checks
 from django.core.checks import CheckMessage
+from django.db import connections
 
 from apps.occurrences.execution.demo_handlers import DEMO_HANDLERS
 
@@ -39,6 +40,12 @@ AT_LEAST_ONE = (
     "TICK_INVITATION_TTL_DAYS",
     "TICK_ALERT_MAX_ATTEMPTS",
     "TICK_ALERT_DIGEST_LIST_MAX",
+    # Zero would never send an alert again.
+    "TICK_ALERT_TENANT_SENDS",
+    # Zero would refuse every invitation, test alert and channel confirmation.
+    "TICK_INVITATION_MAILS_PER_HOUR",
+    "TICK_ALERT_TESTS_PER_HOUR",
+    "TICK_ALERT_CONFIRMATIONS_PER_HOUR",
 )
 # Durations: zero or less expires every lease at once, spins a heartbeat or re-check loop,
 # republishes every ENQUEUED occurrence at once, or is refused by the HTTP client.
@@ -58,6 +65,7 @@ POSITIVE = (
     "TICK_FAIR_SHARE_WINDOW_S",
     "TICK_WEBHOOK_CONNECT_TIMEOUT_S",
     "TICK_WEBHOOK_READ_TIMEOUT_S",
+    "TICK_EGRESS_DEADLINE_S",
     "TICK_AUDIT_ENQUEUED_BOUND_S",
     "TICK_AUDIT_SCHEDULED_BOUND_S",
     "TICK_AUDIT_RUNNING_BOUND_S",
@@ -378,3 +386,63 @@ def check_web_role(app_configs: Apps = None, **kwargs: Any) -> list[CheckMessage
             id="tick.E021",
         )
     ]
+
+
+# PostgreSQL settings below which Tick's write rate turns most WAL into full-page images:
+# every page's first change after a checkpoint is logged whole, so checkpoints forced every
+# few seconds by a small max_wal_size, or every few minutes by the timeout, multiply the WAL
+# per occurrence (docs/operations.md "PostgreSQL settings").
+PG_MIN_MAX_WAL_SIZE_MB = 4096
+PG_MIN_CHECKPOINT_TIMEOUT_S = 600
+_PG_SETTING_NAMES = ("max_wal_size", "checkpoint_timeout", "wal_compression")
+
+
+def pg_settings_warnings(values: dict[str, str]) -> list[CheckMessage]:
+    """Warnings for `SHOW`-style values (max_wal_size in MB, checkpoint_timeout in s, as
+    `pg_settings.setting` gives them)."""
+    found: list[CheckMessage] = []
+    hint = 'Apply the settings in docs/operations.md "PostgreSQL settings".'
+    wal_mb = int(values.get("max_wal_size", "0"))
+    if wal_mb < PG_MIN_MAX_WAL_SIZE_MB:
+        found.append(
+            checks.Warning(
+                f"PostgreSQL max_wal_size is {wal_mb} MB: at Tick's write rate it forces a "
+                "checkpoint every few seconds, and most WAL becomes full-page images.",
+                hint=f"Set max_wal_size to at least {PG_MIN_MAX_WAL_SIZE_MB // 1024} GB. {hint}",
+                id="tick.W030",
+            )
+        )
+    timeout_s = int(values.get("checkpoint_timeout", "0"))
+    if timeout_s < PG_MIN_CHECKPOINT_TIMEOUT_S:
+        found.append(
+            checks.Warning(
+                f"PostgreSQL checkpoint_timeout is {timeout_s} s: each checkpoint logs every "
+                "page touched after it whole again, so WAL is mostly full-page images.",
+                hint=f"Set checkpoint_timeout to at least {PG_MIN_CHECKPOINT_TIMEOUT_S // 60} "
+                f"min. {hint}",
+                id="tick.W031",
+            )
+        )
+    if values.get("wal_compression", "off") == "off":
+        found.append(
+            checks.Warning(
+                "PostgreSQL wal_compression is off: full-page images are written uncompressed.",
+                hint=f"Set wal_compression to lz4 (or pglz). {hint}",
+                id="tick.W032",
+            )
+        )
+    return found
+
+
+@checks.register(checks.Tags.database)
+def check_pg_settings(
+    app_configs: Apps = None, databases: Sequence[str] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """Runs where database checks run (`migrate`, `check --database default`)."""
+    if not databases or "default" not in databases:
+        return []
+    with connections["default"].cursor() as cursor:
+        cursor.execute(
+            "SELECT name, setting FROM pg_settings WHERE name = ANY(%s)", [list(_PG_SETTING_NAMES)]
+        )
+        return pg_settings_warnings(dict(cursor.fetchall()))

@@ -127,6 +127,8 @@ LOGIN_REDIRECT_URL = "dashboard"
 LOGOUT_REDIRECT_URL = "login"
 # Invitation links (apps/tenants/members.py) stop working this many days after they are sent.
 TICK_INVITATION_TTL_DAYS = env_int("TICK_INVITATION_TTL_DAYS", 7)
+# Invitation mails (new and re-sent) one tenant may send per hour; more answer 429.
+TICK_INVITATION_MAILS_PER_HOUR = env_int("TICK_INVITATION_MAILS_PER_HOUR", 20)
 # A user's session row (apps/tenants/models.py: UserSession) is refreshed at most this often.
 TICK_SESSION_SEEN_RESOLUTION_S = env_int("TICK_SESSION_SEEN_RESOLUTION_S", 300)
 # Password-reset links expire after this many seconds (Django's setting; default 1 day here).
@@ -405,6 +407,9 @@ TICK_OVERLAP_LOOKBACK_S = env_int("TICK_OVERLAP_LOOKBACK_S", 2 * 86_400)
 TICK_WEBHOOK_CONNECT_TIMEOUT_S = float(env_str("TICK_WEBHOOK_CONNECT_TIMEOUT_S", "5"))
 TICK_WEBHOOK_READ_TIMEOUT_S = float(env_str("TICK_WEBHOOK_READ_TIMEOUT_S", "30"))
 TICK_WEBHOOK_ALLOWLIST = env_list("TICK_WEBHOOK_ALLOWLIST", [])
+# Every outbound HTTP call (a webhook handler's, an alert webhook's) ends by this many seconds,
+# DNS lookup to last byte, whatever the receiver does (apps/occurrences/execution/egress.py).
+TICK_EGRESS_DEADLINE_S = float(env_str("TICK_EGRESS_DEADLINE_S", "40"))
 # Demo handlers (apps/occurrences/execution/demo_handlers.py) offered beside `noop` and
 # `webhook`: `record` sleeps and fails as the tenant's payload asks, so only a debug run
 # (`make run`, `make test`) has it by default. Comma-separated; once set, even to "", it
@@ -440,6 +445,13 @@ TICK_ALERT_COALESCE_S = env_int("TICK_ALERT_COALESCE_S", 10)
 TICK_ALERT_CHANNEL_INTERVAL_S = env_int("TICK_ALERT_CHANNEL_INTERVAL_S", 60)
 # Sends of one message before it is FAILED (transient errors back off 2^n s, at most 10 min).
 TICK_ALERT_MAX_ATTEMPTS = env_int("TICK_ALERT_MAX_ATTEMPTS", 8)
+# Alert messages of one tenant being sent at once, across all workers: a slow or hostile
+# receiver holds at most this many worker slots (each for TICK_EGRESS_DEADLINE_S at most).
+TICK_ALERT_TENANT_SENDS = env_int("TICK_ALERT_TENANT_SENDS", 1)
+# Test alerts one tenant may request per hour, and confirmation mails of e-mail channels it
+# may have sent per hour; more answer 429.
+TICK_ALERT_TESTS_PER_HOUR = env_int("TICK_ALERT_TESTS_PER_HOUR", 10)
+TICK_ALERT_CONFIRMATIONS_PER_HOUR = env_int("TICK_ALERT_CONFIRMATIONS_PER_HOUR", 10)
 # A digest lists this many alerts and counts the rest.
 TICK_ALERT_DIGEST_LIST_MAX = env_int("TICK_ALERT_DIGEST_LIST_MAX", 50)
 # Lag rules are evaluated this often by the reaper.

@@ -52,7 +52,7 @@ from apps.tenants.services import (
     idempotent_call,
 )
 
-_DESCRIBED = {
+_DESCRIBED: dict[int | str, str] = {
     400: "Invalid input (field errors in `error.fields`).",
     401: "Missing, unknown, revoked or expired API key.",
     404: "No such channel or rule in this tenant.",
@@ -60,11 +60,18 @@ _DESCRIBED = {
     413: "Request body over the size cap.",
     415: "Only application/json bodies are accepted.",
     429: "Per-key rate limit; retry after `Retry-After` seconds.",
+    "429-mail": (
+        "Per-key rate limit, or the tenant's hourly share of this kind of mail is spent; "
+        "retry after `Retry-After` seconds."
+    ),
 }
 
 
-def _errors(*codes: int) -> dict[int, OpenApiResponse]:
-    return {c: OpenApiResponse(ErrorSerializer, description=_DESCRIBED[c]) for c in codes}
+def _errors(*codes: int | str) -> dict[int, OpenApiResponse]:
+    return {
+        int(str(c).split("-")[0]): OpenApiResponse(ErrorSerializer, description=_DESCRIBED[c])
+        for c in codes
+    }
 
 
 _COMMON = (401, 429)
@@ -213,11 +220,14 @@ class AlertChannelDetail(AlertView):
 
 
 class AlertChannelTest(AlertView):
-    @extend_schema(request=None, responses={202: TestAlertSerializer, **_errors(404, *_COMMON)})
+    @extend_schema(
+        request=None, responses={202: TestAlertSerializer, **_errors(404, 401, "429-mail")}
+    )
     def post(self, request: Request, channel_id: Any) -> Response:
-        """Record a test alert for the channel. The reaper's next pass sends it at once (no
-        coalescing wait, no channel interval) through the same path as real alerts; follow
-        it in GET /api/v1/alerts."""
+        """Record a test alert for the channel. The reaper sends it through the same path as
+        real alerts, after the coalescing wait and within the channel's interval (a digest);
+        follow it in GET /api/v1/alerts. At most `TICK_ALERT_TESTS_PER_HOUR` (10) per tenant
+        and hour: 429 `rate_limited` with `Retry-After` beyond."""
         principal = principal_of(request)
         channel = access_channel(tenant=principal.tenant, channel_id=channel_id)
         alert = send_test_alert(channel=channel, actor=principal.actor)

@@ -32,6 +32,7 @@ from apps.occurrences.alerts.history import alerts_history, delivery_state
 from apps.occurrences.alerts.lag import DEFAULT_THRESHOLD_S, DEFAULT_WINDOW_MINUTES
 from apps.occurrences.forms import AlertChannelForm, AlertRuleForm, show_config_errors
 from apps.occurrences.models import LAG_EVENTS, AlertChannel, AlertRule
+from apps.tenants.errors import RefusedRequest
 from apps.tenants.pagination import web_page
 from apps.tenants.web import actor_of, admin_only, tenant_page, tick_of
 
@@ -124,7 +125,11 @@ def alert_channel_delete(request: HttpRequest, channel_id: uuid.UUID) -> HttpRes
 def alert_channel_test(request: HttpRequest, channel_id: uuid.UUID) -> HttpResponse:
     admin_only(request)
     channel = access_channel(tenant=tick_of(request).tenant, channel_id=channel_id)
-    alert = send_test_alert(channel=channel, actor=actor_of(request))
+    try:
+        alert = send_test_alert(channel=channel, actor=actor_of(request))
+    except RefusedRequest as refused:
+        messages.error(request, f"No test alert for “{channel.name}”: {refused.message}")
+        return redirect("alerts")
     messages.success(
         request,
         f"Test alert {alert.id} recorded for “{channel.name}”: the reaper sends it on its next "

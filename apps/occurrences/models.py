@@ -458,6 +458,9 @@ class AlertDelivery(models.Model):
     sent_at = models.DateTimeField(null=True, blank=True)
     attempts = models.PositiveIntegerField(default=0)
     last_error = models.TextField(blank=True)
+    # Set while a worker sends it (the send's deadline plus a margin, so a worker that died
+    # frees the slot by itself): the tenant's sends in flight are capped (deliver.py).
+    sending_until = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at", "id"]

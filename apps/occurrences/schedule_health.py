@@ -48,7 +48,9 @@ RUN_STATES: tuple[Occurrence.State, ...] = (
 FAILING_BELOW = 0.8
 # Late: an occurrence due within LATE_WINDOW (at most LATE_LOOKBACK of the latest) is still
 # SCHEDULED or ENQUEUED more than LATE_AFTER past its lag reference, or its first attempt
-# started more than LATE_AFTER after it (the start lag of docs/ui.md).
+# started more than LATE_AFTER after it (the start lag of docs/ui.md). Only the timetable's own
+# occurrences count: a backfilled instant is past by design and a run now was never due
+# before it was asked for (docs/ui.md "Asked-for runs are never late").
 LATE_AFTER = timedelta(seconds=60)
 LATE_WINDOW = timedelta(hours=1)
 LATE_LOOKBACK = 10
@@ -130,7 +132,7 @@ LEFT JOIN LATERAL (
                CASE WHEN o.lane = ANY(%(from_available)s) THEN o.available_at
                     ELSE o.scheduled_for END AS due
         FROM {_OCC} o
-        WHERE o.schedule_id = s.id AND o.tenant_id = %(tenant)s
+        WHERE o.schedule_id = s.id AND o.tenant_id = %(tenant)s AND o.origin = %(timetable)s
           AND o.scheduled_for >= %(late_since)s AND o.scheduled_for <= %(now)s
         ORDER BY o.scheduled_for DESC LIMIT %(late_lookback)s
     ) r
@@ -159,6 +161,7 @@ def schedules_health(
         "from_available": list(LAG_FROM_AVAILABLE_AT), "late_since": now - LATE_WINDOW,
         "late_lookback": LATE_LOOKBACK, "not_started": list(NOT_STARTED_STATES),
         "late_before": now - LATE_AFTER, "late_after": LATE_AFTER,
+        "timetable": Occurrence.Origin.SCHEDULED.value,
     }  # fmt: skip
     with connection.cursor() as cursor:
         cursor.execute(_HEALTH_SQL, params)

@@ -70,6 +70,11 @@ def lag_reference(lane: str, *, scheduled_for: datetime, available_at: datetime)
 def _lag_s(occurrence: Occurrence, at: datetime | None) -> float | None:
     if at is None:
         return None
+    if occurrence.origin != Occurrence.Origin.SCHEDULED:
+        # Run now and backfill are due when asked for (their `available_at`), not at their
+        # instant: a backfilled instant is past by design (docs/ui.md "Asked-for runs are
+        # never late").
+        return round((at - occurrence.available_at).total_seconds(), 3)
     due = lag_reference(
         occurrence.lane,
         scheduled_for=occurrence.scheduled_for,
@@ -234,6 +239,9 @@ def next_runs_shown(
             schedule_id__in=[s.id for s in active],
             schedule_version=F("schedule__version"),
             state__in=PENDING_STATES,
+            # A backfilled instant is past and a run now is extra: neither is the timetable's
+            # next run.
+            origin=Occurrence.Origin.SCHEDULED,
             scheduled_for__gte=since,
         )
         .values("schedule_id")

@@ -43,7 +43,8 @@ class OccurrenceSerializer(serializers.ModelSerializer[Occurrence]):
         help_text="How late the handler started, in seconds: the first attempt's started_at "
         "minus scheduled_for (strict and catchup lanes) or minus available_at (flexible "
         "lane). Includes the queue wait and any quota or overlap delay; retries are not "
-        "counted. null until the first attempt starts."
+        "counted. null until the first attempt starts. A run asked for (origin manual or "
+        "backfill) counts from its available_at, when it was asked for."
     )
 
     class Meta:

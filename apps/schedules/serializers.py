@@ -25,6 +25,7 @@ from apps.occurrences.selectors import next_runs_shown
 from apps.schedules import timerules
 from apps.schedules.models import Schedule, ScheduleEvent
 from apps.schedules.services import ScheduleSpec
+from apps.tenants.text import refuse_control_characters
 
 SERVER_OWNED = {"id", "version", "state", "next_run_at", "tenant", "shard", "created_at",
                 "updated_at", "next_fires", "last_run", "last_success_at",
@@ -63,7 +64,7 @@ class ScheduleCreateSerializer(serializers.Serializer[Any]):
     """A schedule's definition. Context: `tenant` (whose limits a handler's payload is
     judged by, e.g. the webhook's port allowlist) and, on update, `current_run_at`."""
 
-    name = StrictCharField(max_length=200)
+    name = StrictCharField(max_length=200, validators=[refuse_control_characters])
     kind = serializers.ChoiceField(choices=list(KIND_IN))
     expression = StrictCharField(max_length=200, required=False, allow_blank=True, default="")
     # An instant with offset ("2026-03-08T09:30:00-05:00", "...Z") or a local wall time in

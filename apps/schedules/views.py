@@ -9,6 +9,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.contrib import messages
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
@@ -20,7 +21,9 @@ from django.views.decorators.http import require_POST
 
 from apps.occurrences.manual_runs import (
     BackfillReceipt,
+    BackfillTooLarge,
     RunNowReceipt,
+    backfill_instants,
     schedule_backfill,
     schedule_run_now,
 )
@@ -212,7 +215,7 @@ def _detail(
         "recent": _recent_occurrences(schedule, now), "receipt": result.receipt if result else None,
         "dst_changes": schedule_dst_changes(timing=schedule, now=now),
         "words": schedule_in_words(schedule),
-        "nav": "schedules", **_manual_context(manual, now),
+        "nav": "schedules", **_manual_context(schedule, manual, now),
     }, status=status)  # fmt: skip
 
 
@@ -340,26 +343,42 @@ def schedule_cancel_view(request: HttpRequest, schedule_id: str) -> HttpResponse
 # Run now and backfill (apps/occurrences/manual_runs.py; the API's validation)
 # --------------------------------------------------------------------------------------------
 
-_LOCAL_MINUTE = "%Y-%m-%dT%H:%M"
+# The backfill dialog's fields: UTC, 24-hour, as the pages write instants (docs/ui.md).
+_UTC_MINUTE = "%Y-%m-%d %H:%M"
+# The dialog's default range: the longest of these that one backfill accepts.
+_BACKFILL_SPANS = (timedelta(days=1), timedelta(hours=1), timedelta(minutes=10))
+
+
+def _backfill_default_start(schedule: Schedule, end: datetime) -> datetime:
+    """The start of the longest default span whose instants fit one backfill (the last 24 h
+    of an every-minute rule hold 1,440, over the cap: the dialog would open on an error)."""
+    for span in _BACKFILL_SPANS:
+        try:
+            backfill_instants(schedule=schedule, start=end - span, end=end)
+        except BackfillTooLarge:
+            continue
+        return end - span
+    return end - _BACKFILL_SPANS[-1]
 
 
 def _manual_context(
-    manual: RunNowReceipt | BackfillReceipt | None, now: datetime
+    schedule: Schedule, manual: RunNowReceipt | BackfillReceipt | None, now: datetime
 ) -> dict[str, Any]:
     """The run-now form's fresh request id (a resubmitted form runs once) and the backfill
-    dialog's default range (the last 24 h, in UTC like every web form)."""
+    dialog's default range (the last 24 h, or less when those hold too many instants)."""
     end = now.replace(second=0, microsecond=0)
     return {
         "run_receipt": manual if isinstance(manual, RunNowReceipt) else None,
         "backfill_receipt": manual if isinstance(manual, BackfillReceipt) else None,
         "run_request_id": str(uuid.uuid4()),
-        "backfill_from": (end - timedelta(days=1)).strftime(_LOCAL_MINUTE),
-        "backfill_to": end.strftime(_LOCAL_MINUTE),
+        "backfill_from": _backfill_default_start(schedule, end).strftime(_UTC_MINUTE),
+        "backfill_to": end.strftime(_UTC_MINUTE),
+        "backfill_max": settings.TICK_BACKFILL_MAX_INSTANTS,
     }
 
 
 def _as_utc_text(text: str) -> str:
-    """A form's `datetime-local` value (no offset) read as UTC; anything else as typed, for
+    """A form's `YYYY-MM-DD HH:MM` value (no offset) read as UTC; anything else as typed, for
     the serializer to judge."""
     value = parse_datetime(text.strip()) if text else None
     if value is not None and value.tzinfo is None:

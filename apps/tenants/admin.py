@@ -16,6 +16,7 @@ from django.utils.safestring import SafeString, mark_safe
 from apps.occurrences.models import Occurrence
 from apps.schedules.services import QUOTA_STATES
 from apps.tenants.admin_base import ReadOnlyTickModelAdmin, TickModelAdmin, staff_actor
+from apps.tenants.members import member_keys_demote
 from apps.tenants.models import (
     ApiKey,
     Invitation,
@@ -27,8 +28,9 @@ from apps.tenants.models import (
 from apps.tenants.services import (
     api_key_expiry_check,
     api_key_expiry_shorten,
-    api_keys_revoke_by_staff,
+    api_keys_revoke,
     log_tenant_event,
+    member_keys_revoke,
     tenant_settings_log,
 )
 
@@ -118,6 +120,7 @@ class MembershipAdmin(TickModelAdmin[Membership]):
                 actor=staff_actor(request), user=obj.user.get_username(),
                 role=[before, obj.role],
             )  # fmt: skip
+            member_keys_demote(membership=obj, actor=staff_actor(request))
 
     def delete_model(self, request: HttpRequest, obj: Membership) -> None:
         self._log_removed(request, [obj])
@@ -129,6 +132,10 @@ class MembershipAdmin(TickModelAdmin[Membership]):
 
     def _log_removed(self, request: HttpRequest, memberships: list[Membership]) -> None:
         for membership in memberships:
+            member_keys_revoke(
+                tenant_id=membership.tenant_id, user_id=membership.user_id,
+                actor=staff_actor(request), reason="member_removed",
+            )  # fmt: skip
             log_tenant_event(
                 tenant=membership.tenant, kind=TenantEvent.Kind.MEMBER_REMOVED,
                 actor=staff_actor(request), user=membership.user.get_username(),
@@ -154,15 +161,17 @@ class ApiKeyForm(forms.ModelForm[ApiKey]):
 class ApiKeyAdmin(TickModelAdmin[ApiKey]):
     # The hash is useless to a person and the raw key is never stored: neither is shown.
     form = ApiKeyForm
-    list_display = ["prefix", "name", "tenant", "created_at", "last_used_at", "expires_at",
-                    "revoked_at"]  # fmt: skip
+    list_display = ["prefix", "name", "tenant", "role", "created_by", "created_at",
+                    "last_used_at", "expires_at", "revoked_at"]  # fmt: skip
     list_filter = ["tenant"]
-    list_select_related = ["tenant"]
+    list_select_related = ["tenant", "created_by"]
     search_fields = ["prefix", "name", "tenant__slug"]
-    fields = ["tenant", "name", "prefix", "created_at", "expires_at", "revoked_at", "last_used_at"]
+    fields = ["tenant", "name", "prefix", "role", "created_by", "created_at", "expires_at",
+              "revoked_at", "last_used_at"]  # fmt: skip
     # Revocation is one-way and goes through the logged action; an expiry can only be
     # brought forward (ApiKeyForm). docs/security.md "Admin permissions".
-    readonly_fields = ["tenant", "name", "prefix", "created_at", "revoked_at", "last_used_at"]
+    readonly_fields = ["tenant", "name", "prefix", "role", "created_by", "created_at",
+                       "revoked_at", "last_used_at"]  # fmt: skip
     actions = ["revoke"]
 
     def has_add_permission(self, request: object) -> bool:
@@ -176,7 +185,7 @@ class ApiKeyAdmin(TickModelAdmin[ApiKey]):
         description="Revoke selected keys (requests with them answer 401)", permissions=["change"]
     )
     def revoke(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
-        revoked = api_keys_revoke_by_staff(
+        revoked = api_keys_revoke(
             key_ids=list(queryset.values_list("pk", flat=True)[:500]), actor=staff_actor(request)
         )
         self.message_user(request, f"Revoked {len(revoked)} key(s).", messages.SUCCESS)

@@ -14,3 +14,12 @@ class TenantsConfig(AppConfig):
         # Session bookkeeping at login, like Django's own last_login update (not domain logic;
         # docs/decisions.md: session list).
         user_logged_in.connect(session_logged_in, dispatch_uid="tick-user-session")
+        from django.db.models.signals import pre_delete
+
+        from apps.tenants.members import membership_deleted
+        from apps.tenants.models import Membership
+
+        # A backstop: the services revoke a leaving member's keys with the actor; a
+        # membership deleted any other way (an account deleted in the admin cascades) still
+        # takes its keys with it.
+        pre_delete.connect(membership_deleted, sender=Membership, dispatch_uid="tick-member-keys")

@@ -70,3 +70,11 @@ class InvitationStateConflict(RefusedRequest):
 
     status = 409
     code = "invitation_closed"
+
+
+class MailRateLimited(RefusedRequest):
+    """The tenant sent its hour's share of a kind of mail (invitations, test alerts, channel
+    confirmations): nothing was sent; `retry_after_s` says when one is free again."""
+
+    status = 429
+    code = "rate_limited"

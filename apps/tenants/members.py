@@ -29,14 +29,16 @@ from django.urls import reverse
 from django.utils import timezone
 
 from apps.tenants import rls
+from apps.tenants.addresses import email_address_errors, hourly_budget_wait_s
 from apps.tenants.errors import (
     InvitationStateConflict,
     LastAdminRefused,
+    MailRateLimited,
     MembershipConflict,
     RefusedRequest,
 )
 from apps.tenants.models import Invitation, Membership, Tenant, TenantEvent
-from apps.tenants.services import log_tenant_event
+from apps.tenants.services import log_tenant_event, member_keys_revoke
 
 
 def _token_hash(token: str) -> str:
@@ -93,6 +95,25 @@ def access_membership(*, tenant: Tenant, membership_id: int | str) -> Membership
 # --- invitations ----------------------------------------------------------------------------
 
 
+INVITATION_MAIL_EVENTS = (TenantEvent.Kind.MEMBER_INVITED, TenantEvent.Kind.INVITATION_RESENT)
+
+
+def _refuse_over_mail_budget(tenant: Tenant, now: datetime) -> None:
+    """At most TICK_INVITATION_MAILS_PER_HOUR invitation mails (new and re-sent) per tenant:
+    counted from the account log, under the tenant lock the caller holds."""
+    limit = settings.TICK_INVITATION_MAILS_PER_HOUR
+    sent_at = list(
+        TenantEvent.objects.filter(
+            tenant=tenant, kind__in=INVITATION_MAIL_EVENTS, at__gt=now - timedelta(hours=1)
+        ).values_list("at", flat=True)
+    )
+    if (wait_s := hourly_budget_wait_s(sent_at, limit=limit, now=now)) is not None:
+        raise MailRateLimited(
+            f"This tenant sent {limit} invitation mails in the last hour; try again in {wait_s} s.",
+            retry_after_s=wait_s,
+        )
+
+
 def _send_invitation(invitation: Invitation, token: str, site_url: str) -> None:
     link = site_url.rstrip("/") + reverse("invitation-accept", args=[token])
     context = {"invitation": invitation, "link": link, "tenant": invitation.tenant}
@@ -118,6 +139,8 @@ def invitation_create(
             f"Use an address of at most {USERNAME_MAX} characters: it becomes the username.",
             field="email",
         )
+    if address_errors := email_address_errors(email):
+        raise RefusedRequest(address_errors[0], field="email")
     _lock_tenant(tenant)
     if Membership.objects.filter(
         tenant=tenant, user__in=users_with_address(email).values("pk")
@@ -130,6 +153,7 @@ def invitation_create(
             f"{email} already has an open invitation; re-send or revoke it.", field="email"
         )
     now = timezone.now()
+    _refuse_over_mail_budget(tenant, now)
     token = secrets.token_urlsafe(32)
     invitation = Invitation.objects.create(
         tenant=tenant, email=email, role=role, token_hash=_token_hash(token), invited_by=actor,
@@ -157,6 +181,7 @@ def invitation_resend(*, invitation: Invitation, actor: str, site_url: str) -> I
     _lock_tenant(invitation.tenant)
     invitation = _lock_open_invitation(invitation)
     now = timezone.now()
+    _refuse_over_mail_budget(invitation.tenant, now)
     token = secrets.token_urlsafe(32)
     invitation.token_hash, invitation.sent_at, invitation.expires_at = (
         _token_hash(token), now, now + _ttl(),
@@ -313,7 +338,28 @@ def membership_change_role(
         tenant=membership.tenant, kind=TenantEvent.Kind.MEMBER_ROLE_CHANGED, actor=actor,
         member=locked.user.get_username(), role=str(role), previous_role=previous,
     )  # fmt: skip
+    member_keys_demote(membership=locked, actor=actor)
     return locked
+
+
+def membership_deleted(sender: type[Membership], instance: Membership, **kwargs: Any) -> None:
+    """`pre_delete` of a membership: its member's keys in the tenant are revoked (a no-op
+    when `membership_remove` or the admin already did, with their actor)."""
+    member_keys_revoke(
+        tenant_id=instance.tenant_id, user_id=instance.user_id, actor="system",
+        reason="membership_deleted",
+    )  # fmt: skip
+
+
+def member_keys_demote(*, membership: Membership, actor: str) -> None:
+    """A member's keys may do no more than the member: on a demotion to viewer their admin
+    keys are revoked (viewer keys stay)."""
+    if membership.role == Membership.Role.ADMIN:
+        return
+    member_keys_revoke(
+        tenant_id=membership.tenant_id, user_id=membership.user_id, actor=actor,
+        reason="member_demoted", roles=[Membership.Role.ADMIN],
+    )  # fmt: skip
 
 
 @transaction.atomic
@@ -321,6 +367,10 @@ def membership_remove(*, membership: Membership, actor: str) -> None:
     _lock_tenant(membership.tenant)
     locked = _locked_member(membership)
     _refuse_last_admin(locked, "removed")
+    # Logged before the membership goes, so the log reads: keys revoked, then member removed.
+    member_keys_revoke(
+        tenant_id=locked.tenant_id, user_id=locked.user_id, actor=actor, reason="member_removed"
+    )
     locked.delete()
     log_tenant_event(
         tenant=membership.tenant, kind=TenantEvent.Kind.MEMBER_REMOVED, actor=actor,

@@ -57,7 +57,8 @@ def _errors(*codes: int) -> dict[int, OpenApiResponse]:
         "or an Idempotency-Key used with another body.",
         413: "Request body over the size cap.",
         415: "Only application/json bodies are accepted.",
-        429: "Per-key rate limit; retry after `Retry-After` seconds.",
+        429: "Per-key rate limit, or the tenant's hourly invitation mails (new and re-sent) "
+        "are spent; retry after `Retry-After` seconds.",
     }
     return {c: OpenApiResponse(ErrorSerializer, description=described[c]) for c in codes}
 

@@ -11,14 +11,19 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models.functions import Lower
 
+from apps.tenants.text import refuse_control_characters
+
 # The most extra webhook ports one tenant may open (Tenant.webhook_allowed_ports).
 MAX_WEBHOOK_PORTS = 20
+# The most API keys one tenant may hold at once (neither revoked nor expired): a key is a
+# credential someone must answer for, not a counter.
+MAX_ACTIVE_API_KEYS = 50
 
 
 class Tenant(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     slug = models.SlugField(max_length=63, unique=True)
-    name = models.CharField(max_length=200)
+    name = models.CharField(max_length=200, validators=[refuse_control_characters])
     created_at = models.DateTimeField(auto_now_add=True)
 
     # Quotas (enforcement: docs/decisions.md). Rates are per second; breaches are refused (429)
@@ -82,7 +87,7 @@ class ApiKey(models.Model):
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="api_keys")
-    name = models.CharField(max_length=100)
+    name = models.CharField(max_length=100, validators=[refuse_control_characters])
     # Visible part of the key ("tick_" + 8 chars), for people to tell keys apart.
     prefix = models.CharField(max_length=16, db_index=True)
     key_hash = models.CharField(max_length=64, unique=True)
@@ -95,6 +100,13 @@ class ApiKey(models.Model):
     role = models.CharField(
         max_length=16, choices=Membership.Role.choices, default=Membership.Role.ADMIN
     )
+    # The member who created it in the web UI; NULL for an operator's key (manage.py). The
+    # key is theirs: revoked when they leave the tenant, and an admin key when they are
+    # demoted (apps/tenants/services.py `member_keys_revoke`).
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+        related_name="+",
+    )  # fmt: skip
 
     def __str__(self) -> str:
         return f"{self.prefix}… ({self.name})"

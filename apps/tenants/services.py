@@ -6,7 +6,7 @@ import hashlib
 import json
 import secrets
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -16,12 +16,24 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import ValidationError
 from django.db import connection, transaction
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from apps.tenants.errors import IdempotencyConflict
-from apps.tenants.models import ApiKey, IdempotencyKey, Membership, Tenant, TenantEvent
+from apps.tenants.errors import IdempotencyConflict, RefusedRequest
+from apps.tenants.models import (
+    MAX_ACTIVE_API_KEYS,
+    ApiKey,
+    IdempotencyKey,
+    Membership,
+    Tenant,
+    TenantEvent,
+)
+from apps.tenants.text import refuse_control_characters
 
 KEY_PREFIX = "tick_"
+# The event logs' actor for a change made with manage.py on the server (docs/security.md
+# "Event log").
+OPERATOR_ACTOR = "operator"
 
 
 def hash_api_key(raw_key: str) -> str:
@@ -43,18 +55,43 @@ def log_tenant_event(
 
 
 def tenant_create(*, slug: str, name: str | None = None) -> Tenant:
+    """A tenant with default quotas; a name with a control character is refused
+    (ValidationError), as in the admin."""
+    refuse_control_characters(name or slug)
     return Tenant.objects.create(slug=slug, name=name or slug)
 
 
+def _active_keys(tenant: Tenant, now: datetime) -> QuerySet[ApiKey]:
+    return ApiKey.objects.filter(tenant=tenant, revoked_at__isnull=True).filter(
+        Q(expires_at__isnull=True) | Q(expires_at__gt=now)
+    )
+
+
+@transaction.atomic
 def api_key_create(
     *,
     tenant: Tenant,
     name: str,
+    actor: str,
+    created_by: AbstractBaseUser | None = None,
     expires_at: datetime | None = None,
     role: Membership.Role = Membership.Role.ADMIN,
 ) -> tuple[ApiKey, str]:
     """Create a key; returns the row and the raw key, which is never retrievable again.
-    A viewer key reads every API route and changes nothing (docs/api.md "Keys and roles")."""
+    A viewer key reads every API route and changes nothing (docs/api.md "Keys and roles").
+
+    `created_by` is the member it belongs to (None: an operator's key); `api_key_created` is
+    logged with `actor`. Refused: a name with a control character (ValidationError), and a
+    key beyond MAX_ACTIVE_API_KEYS (RefusedRequest, checked under the tenant's row lock)."""
+    refuse_control_characters(name)
+    Tenant.objects.select_for_update(no_key=True).filter(pk=tenant.pk).values_list("pk").get()
+    now = timezone.now()
+    if _active_keys(tenant, now).count() >= MAX_ACTIVE_API_KEYS:
+        raise RefusedRequest(
+            f"This tenant already has {MAX_ACTIVE_API_KEYS} active API keys, the most it may "
+            "hold: revoke one it no longer uses first.",
+            field="name",
+        )
     raw = KEY_PREFIX + secrets.token_urlsafe(32)
     key = ApiKey.objects.create(
         tenant=tenant,
@@ -63,8 +100,59 @@ def api_key_create(
         key_hash=hash_api_key(raw),
         expires_at=expires_at,
         role=role,
+        created_by_id=created_by.pk if created_by is not None else None,
     )
+    log_tenant_event(
+        tenant=tenant, kind=TenantEvent.Kind.API_KEY_CREATED, actor=actor, now=now,
+        prefix=key.prefix, name=name, role=str(role),
+        owner=created_by.get_username() if created_by is not None else None,
+        expires_at=_iso_or_none(expires_at),
+    )  # fmt: skip
     return key, raw
+
+
+def _log_revoked(keys: list[ApiKey], *, actor: str, now: datetime, **detail: Any) -> None:
+    for key in keys:
+        key.revoked_at = now
+        log_tenant_event(
+            tenant=key.tenant, kind=TenantEvent.Kind.API_KEY_REVOKED, actor=actor, now=now,
+            prefix=key.prefix, name=key.name, **detail,
+        )  # fmt: skip
+
+
+def _revoke_locked(
+    keys: QuerySet[ApiKey], *, actor: str, now: datetime, **detail: Any
+) -> list[ApiKey]:
+    """Revoke the unrevoked keys of `keys` (locked, so a concurrent revoke is not logged
+    twice); one `api_key_revoked` event per key revoked. Revocation is one-way."""
+    locked = list(
+        keys.select_for_update(of=("self",))
+        .select_related("tenant")
+        .filter(revoked_at__isnull=True)
+        .order_by("pk")
+    )
+    ApiKey.objects.filter(pk__in=[k.pk for k in locked]).update(revoked_at=now)
+    _log_revoked(locked, actor=actor, now=now, **detail)
+    return locked
+
+
+@transaction.atomic
+def member_keys_revoke(
+    *,
+    tenant_id: uuid.UUID,
+    user_id: int,
+    actor: str,
+    reason: str,
+    roles: Collection[str] | None = None,
+    now: datetime | None = None,
+) -> list[ApiKey]:
+    """Revoke the keys a member created in a tenant (only those of `roles` when given): on
+    removal all of them, on demotion the ones above the new role. Each revocation is logged
+    with `reason` (`member_removed`, `member_demoted`)."""
+    keys = ApiKey.objects.filter(tenant_id=tenant_id, created_by_id=user_id)
+    if roles is not None:
+        keys = keys.filter(role__in=list(roles))
+    return _revoke_locked(keys, actor=actor, now=now or timezone.now(), reason=reason)
 
 
 @transaction.atomic
@@ -105,13 +193,13 @@ def demo_user_ensure(
     return user, new_password
 
 
-def api_key_revoke(*, prefix: str, now: datetime | None = None) -> list[ApiKey]:
-    """Revoke every unrevoked key with this visible prefix; returns them. Authentication
-    refuses revoked keys on the next request (no cache)."""
-    now = now or timezone.now()
-    keys = list(ApiKey.objects.filter(prefix=prefix, revoked_at__isnull=True))
-    ApiKey.objects.filter(pk__in=[k.pk for k in keys]).update(revoked_at=now)
-    return keys
+@transaction.atomic
+def api_key_revoke(*, prefix: str, actor: str, now: datetime | None = None) -> list[ApiKey]:
+    """Revoke every unrevoked key with this visible prefix, each logged; returns them.
+    Authentication refuses revoked keys on the next request (no cache)."""
+    return _revoke_locked(
+        ApiKey.objects.filter(prefix=prefix), actor=actor, now=now or timezone.now()
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -120,26 +208,15 @@ def api_key_revoke(*, prefix: str, now: datetime | None = None) -> list[ApiKey]:
 
 
 @transaction.atomic
-def api_keys_revoke_by_staff(
+def api_keys_revoke(
     *, key_ids: list[uuid.UUID], actor: str, now: datetime | None = None
 ) -> list[ApiKey]:
-    """Revoke the unrevoked keys among `key_ids` (locked, so a concurrent revoke is not
-    logged twice); one `api_key_revoked` event per key revoked. Revocation is one-way."""
-    now = now or timezone.now()
-    keys = list(
-        ApiKey.objects.select_for_update()
-        .select_related("tenant")
-        .filter(pk__in=key_ids, revoked_at__isnull=True)
-        .order_by("pk")
+    """Revoke the unrevoked keys among `key_ids` (the admin's action, demo_setup's previous
+    key): locked, so a concurrent revoke is not logged twice; one `api_key_revoked` event
+    per key revoked. Revocation is one-way."""
+    return _revoke_locked(
+        ApiKey.objects.filter(pk__in=key_ids), actor=actor, now=now or timezone.now()
     )
-    ApiKey.objects.filter(pk__in=[k.pk for k in keys]).update(revoked_at=now)
-    for key in keys:
-        key.revoked_at = now
-        log_tenant_event(
-            tenant=key.tenant, kind=TenantEvent.Kind.API_KEY_REVOKED, actor=actor, now=now,
-            prefix=key.prefix, name=key.name,
-        )  # fmt: skip
-    return keys
 
 
 def api_key_expiry_check(*, current: datetime | None, wanted: datetime | None) -> None:
@@ -331,17 +408,16 @@ def idempotency_purge(*, now: datetime, limit: int = 10_000) -> int:
 # --------------------------------------------------------------------------------------------
 
 
+@transaction.atomic
 def api_key_revoke_for_tenant(
-    *, tenant: Tenant, key_id: uuid.UUID | str, now: datetime | None = None
+    *, tenant: Tenant, key_id: uuid.UUID | str, actor: str, now: datetime | None = None
 ) -> ApiKey | None:
-    """Revoke one key of `tenant` by id; None if the tenant has no such key (another tenant's
-    id included). Revoking twice keeps the first revocation time."""
-    now = now or timezone.now()
+    """Revoke one key of `tenant` by id, logged; None if the tenant has no such key (another
+    tenant's id included). Revoking twice keeps the first revocation time (and one event)."""
     try:
         key = ApiKey.objects.get(tenant=tenant, id=key_id)
     except (ApiKey.DoesNotExist, ValueError, TypeError, ValidationError):
         return None
-    if key.revoked_at is None:
-        ApiKey.objects.filter(pk=key.pk, revoked_at__isnull=True).update(revoked_at=now)
-        key.refresh_from_db(fields=["revoked_at"])
+    _revoke_locked(ApiKey.objects.filter(pk=key.pk), actor=actor, now=now or timezone.now())
+    key.refresh_from_db(fields=["revoked_at"])
     return key

@@ -7,7 +7,7 @@ from django.urls import path
 from apps.tenants import views
 
 urlpatterns = [
-    path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
+    path("login/", views.Login.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("account/", views.account, name="account"),
     path("account/sessions/revoke/", views.account_sessions_revoke, name="account-sessions-revoke"),

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urlsplit
 
 from axes.helpers import get_client_username
 from django.conf import settings
@@ -49,6 +49,7 @@ from apps.tenants.signing import (
     signing_secret_rotate,
     signing_secrets_of,
 )
+from apps.tenants.text import CONTROL_CHARACTERS_MESSAGE, has_control_characters
 from apps.tenants.web import (
     SESSION_TENANT,
     actor_of,
@@ -120,15 +121,28 @@ def api_keys(request: HttpRequest) -> HttpResponse:
         name = request.POST.get("name", "").strip()
         if not name or len(name) > 100:
             messages.error(request, "Give the key a name of 1 to 100 characters.")
+        elif has_control_characters(name):
+            messages.error(request, CONTROL_CHARACTERS_MESSAGE)
         else:
             role = request.POST.get("role", Membership.Role.ADMIN)
             if role not in Membership.Role.values:
                 role = Membership.Role.ADMIN
-            key, created_raw = api_key_create(
-                tenant=tick.tenant, name=name, role=Membership.Role(role)
-            )
-            messages.success(request, f"Key {key.prefix}… created. Copy it now: it is shown once.")
-    keys = ApiKey.objects.filter(tenant=tick.tenant).order_by("-created_at")[:200]
+            try:
+                key, created_raw = api_key_create(
+                    tenant=tick.tenant, name=name, role=Membership.Role(role),
+                    actor=actor_of(request), created_by=request.user,  # type: ignore[arg-type]
+                )  # fmt: skip
+            except RefusedRequest as err:
+                messages.error(request, err.message)
+            else:
+                messages.success(
+                    request, f"Key {key.prefix}… created. Copy it now: it is shown once."
+                )
+    keys = (
+        ApiKey.objects.filter(tenant=tick.tenant)
+        .select_related("created_by")
+        .order_by("-created_at")[:200]
+    )
     return render(
         request,
         "tick/api_keys.html",
@@ -141,7 +155,7 @@ def api_keys(request: HttpRequest) -> HttpResponse:
 def api_key_revoke(request: HttpRequest, key_id: str) -> HttpResponse:
     admin_only(request)
     tick = tick_of(request)
-    key = api_key_revoke_for_tenant(tenant=tick.tenant, key_id=key_id)
+    key = api_key_revoke_for_tenant(tenant=tick.tenant, key_id=key_id, actor=actor_of(request))
     if key is None:
         raise Http404("No such API key.")
     messages.success(request, f"Key {key.prefix}… revoked; requests with it now answer 401.")
@@ -411,6 +425,19 @@ def account_sessions_revoke(request: HttpRequest) -> HttpResponse:
     ended = user_sessions_revoke_others(user=request.user, current_key=request.session.session_key)
     messages.success(request, f"Signed out of {ended} other session(s); this one stays.")
     return redirect("account")
+
+
+class Login(auth_views.LoginView):
+    """Django's login page; a signed-in person is sent on to `next`, or to the dashboard when
+    `next` is the login page itself (Django would raise "Redirection loop", a 500)."""
+
+    redirect_authenticated_user = True
+
+    def get_redirect_url(self) -> str:
+        target = super().get_redirect_url()
+        if target and urlsplit(target).path == reverse("login"):
+            return ""
+        return target
 
 
 class PasswordChange(auth_views.PasswordChangeView):

@@ -6,10 +6,11 @@ from __future__ import annotations
 import uuid
 from collections.abc import Collection
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.core.validators import validate_email
 from django.db import transaction
 from django.http import Http404
 from django.utils import timezone
@@ -25,8 +26,11 @@ from apps.occurrences.models import (
     AlertRule,
 )
 from apps.schedules.models import Schedule
+from apps.tenants.addresses import email_address_errors, hourly_budget_wait_s
+from apps.tenants.errors import MailRateLimited
 from apps.tenants.models import Tenant, TenantEvent
 from apps.tenants.services import log_tenant_event
+from apps.tenants.text import CONTROL_CHARACTERS_MESSAGE, has_control_characters
 
 MAX_CHANNELS_PER_TENANT = 50
 MAX_RULES_PER_TENANT = 500
@@ -63,11 +67,7 @@ def channel_target_errors(
     """Why `target` cannot be used for a channel of `kind` ([] = it can). A webhook URL goes
     through the same SSRF guard as the webhook handler (again at every send)."""
     if kind == AlertChannel.Kind.EMAIL:
-        try:
-            validate_email(target)
-        except ValidationError:
-            return ["Enter a valid e-mail address."]
-        return []
+        return email_address_errors(target)
     if kind == AlertChannel.Kind.WEBHOOK:
         try:
             check_url(target, allowlist=allowlist(), extra_ports=extra_ports)
@@ -99,6 +99,8 @@ def _check_channel(spec: ChannelSpec, tenant: Tenant) -> None:
     errors: dict[str, list[str]] = {}
     if not spec.name.strip() or len(spec.name) > 100:
         errors["name"] = ["Give a name of 1 to 100 characters."]
+    elif has_control_characters(spec.name):
+        errors["name"] = [CONTROL_CHARACTERS_MESSAGE]
     ports = tenant.webhook_allowed_ports  # 80/443 and these, as for the webhook handler
     if target_errors := channel_target_errors(spec.kind, spec.target, extra_ports=ports):
         errors["kind" if spec.kind not in AlertChannel.Kind.values else "target"] = target_errors
@@ -212,10 +214,28 @@ def rule_delete(*, rule: AlertRule, actor: str) -> None:
 
 
 def send_test_alert(*, channel: AlertChannel, actor: str) -> Alert:
-    """Record a test alert for the channel; the reaper's next pass sends it at once (no
-    coalescing wait, no channel interval), through the same path as real alerts."""
-    return Alert.objects.create(
-        id=uuid.uuid4(), tenant_id=channel.tenant_id, rule=None, channel=channel,
-        event=AlertEvent.TEST, subject=f"Test alert requested by {actor}",
-        detail={"requested_by": actor}, fired_at=timezone.now(),
-    )  # fmt: skip
+    """Record a test alert for the channel; the reaper sends it through the same path and
+    waits as real alerts (coalescing, the channel interval). At most
+    TICK_ALERT_TESTS_PER_HOUR per tenant (MailRateLimited, 429, beyond)."""
+    with transaction.atomic():
+        # Serialises the count with the tenant's other test requests.
+        Tenant.objects.select_for_update(no_key=True).filter(id=channel.tenant_id).exists()
+        now = timezone.now()
+        limit = settings.TICK_ALERT_TESTS_PER_HOUR
+        fired_at = list(
+            Alert.objects.filter(
+                tenant_id=channel.tenant_id, event=AlertEvent.TEST,
+                fired_at__gt=now - timedelta(hours=1),
+            ).values_list("fired_at", flat=True)
+        )  # fmt: skip
+        if (wait_s := hourly_budget_wait_s(fired_at, limit=limit, now=now)) is not None:
+            raise MailRateLimited(
+                f"This tenant requested {limit} test alerts in the last hour; try again in "
+                f"{wait_s} s.",
+                retry_after_s=wait_s,
+            )
+        return Alert.objects.create(
+            id=uuid.uuid4(), tenant_id=channel.tenant_id, rule=None, channel=channel,
+            event=AlertEvent.TEST, subject=f"Test alert requested by {actor}",
+            detail={"requested_by": actor}, fired_at=now,
+        )  # fmt: skip

@@ -6,6 +6,12 @@ redelivers it. Every copy carries the same `Tick-Alert-Id` (the message's id), w
 receiver deduplicates on. A transient failure clears `published_at` and sets `available_at`
 for the dispatcher to publish it again after a back-off; a permanent one (a refused address,
 a webhook target the SSRF guard refuses) or the last attempt marks it FAILED.
+
+A slow or hostile receiver costs its own tenant only: a webhook send ends by its total
+deadline (execution/egress.py), and at most `TICK_ALERT_TENANT_SENDS` messages of a tenant
+are sent at once across all workers. A message that finds its tenant's sends taken is not
+sent and uses no attempt: it goes back to the dispatcher, to be published again once a send
+frees up (`sending_until`, a lease that also frees the slot of a worker that died).
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import smtplib
+import unicodedata
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -20,11 +27,13 @@ from uuid import UUID
 
 from django.conf import settings
 from django.core.mail import EmailMessage
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Count
 from django.utils import timezone
 
+from apps.occurrences.execution.egress import egress_deadline_s
 from apps.occurrences.execution.handlers import PermanentError, TransientError
+from apps.occurrences.execution.locks import ALERT_SENDS_LOCK, advisory_lock
 from apps.occurrences.execution.webhook import webhook_post
 from apps.occurrences.models import Alert, AlertChannel, AlertDelivery, AlertEvent
 from apps.tenants.models import Tenant
@@ -33,6 +42,11 @@ log = logging.getLogger(__name__)
 
 ALERT_ID_HEADER = "Tick-Alert-Id"
 MAX_BACKOFF_S = 600
+# A message whose tenant's sends are all taken is published again after at most this wait.
+BUSY_RECHECK_S = 5
+# The send lease outlasts the send's own deadline by this much (an e-mail is bounded by
+# EMAIL_TIMEOUT per server reply instead).
+SENDING_MARGIN_S = 30
 SHORT_NAMES = {
     AlertEvent.OCCURRENCE_DEAD: "dead",
     AlertEvent.OCCURRENCE_MISSED: "missed",
@@ -75,6 +89,18 @@ def _link(alert: Alert) -> str:
     return f"{base}/alerts/"
 
 
+def one_line(text: str) -> str:
+    """`text` with every control character and line or paragraph separator (CR, LF, NUL,
+    U+0085, U+2028, …) made a space: names of existing rows may carry them, and in a
+    message's header or a digest's line they would break the header or add a line."""
+    return "".join(" " if unicodedata.category(ch) in ("Cc", "Zl", "Zp") else ch for ch in text)
+
+
+def _line(alert: Alert) -> str:
+    when = f"{alert.fired_at:%Y-%m-%d %H:%M:%S} UTC"
+    return f"{when}  {one_line(alert.subject)}  {_link(alert)}".rstrip()
+
+
 def render(
     delivery: AlertDelivery, tenant: Tenant, alerts: list[Alert], counts: dict[str, int]
 ) -> AlertMessage:
@@ -82,12 +108,13 @@ def render(
     rest counted; `counts` = alerts per event in the whole message."""
     total = delivery.alert_count
     if total == 1 and alerts:
-        subject = f"[Tick] {tenant.slug}: {alerts[0].subject}"
+        subject = f"[Tick] {tenant.slug}: {one_line(alerts[0].subject)}"
     else:
         kinds = ", ".join(f"{n} {SHORT_NAMES[AlertEvent(e)]}" for e, n in sorted(counts.items()))
         subject = f"[Tick] {tenant.slug}: {total} alerts ({kinds})"
-    lines = [f"{alert.fired_at:%Y-%m-%d %H:%M:%S} UTC  {alert.subject}  {_link(alert)}".rstrip()
-             for alert in alerts]  # fmt: skip
+    # One line per alert whatever its subject holds (the webhook document keeps it as it is,
+    # JSON-escaped).
+    lines = [_line(alert) for alert in alerts]
     if total > len(alerts):
         lines.append(f"… and {total - len(alerts)} more (see {settings.TICK_PUBLIC_URL}/alerts/)")
     text = "\n".join([subject, "", *lines, "", f"Alert id: {delivery.id}"])
@@ -130,7 +157,8 @@ def send_message(channel: AlertChannel, message: AlertMessage) -> None:
 
 
 def alert_deliver(delivery_id: UUID, *, now: datetime | None = None) -> AlertDelivery.State | None:
-    """Send one message unless it was already sent or failed; returns its state after."""
+    """Send one message unless it was already sent or failed, or its tenant's sends are all
+    taken (then it waits for the dispatcher again); returns its state after."""
     with transaction.atomic():
         delivery = (
             AlertDelivery.objects.select_for_update()
@@ -140,8 +168,19 @@ def alert_deliver(delivery_id: UUID, *, now: datetime | None = None) -> AlertDel
         )
         if delivery is None or delivery.state != AlertDelivery.State.PENDING:
             return delivery.state if delivery else None  # type: ignore[return-value]
+        started = now or timezone.now()
+        busy_until = tenant_sends_busy_until(delivery, now=started)
+        if busy_until is not None:
+            # `available_at` changes, so a publish confirm racing with this keeps off it.
+            AlertDelivery.objects.filter(id=delivery.id).update(
+                published_at=None,
+                available_at=min(busy_until, started + timedelta(seconds=BUSY_RECHECK_S)),
+            )
+            log.info("alert message %s waits: its tenant's sends are taken", delivery.id)
+            return AlertDelivery.State.PENDING
         delivery.attempts += 1
-        delivery.save(update_fields=["attempts"])
+        delivery.sending_until = started + timedelta(seconds=egress_deadline_s() + SENDING_MARGIN_S)
+        delivery.save(update_fields=["attempts", "sending_until"])
     tenant = Tenant.objects.get(id=delivery.tenant_id)
     alerts = list(
         Alert.objects.filter(delivery=delivery).order_by("fired_at", "id")[
@@ -168,6 +207,7 @@ def alert_deliver(delivery_id: UUID, *, now: datetime | None = None) -> AlertDel
             published_at=None,
             available_at=now + timedelta(seconds=backoff),
             last_error=str(exc)[:1000],
+            sending_until=None,
         )
         log.warning("alert message %s: attempt %d failed (%s); again in %ds",
                     delivery.id, delivery.attempts, exc, backoff)  # fmt: skip
@@ -175,11 +215,29 @@ def alert_deliver(delivery_id: UUID, *, now: datetime | None = None) -> AlertDel
     return _finish(delivery, AlertDelivery.State.SENT, error="", now=now)
 
 
+def tenant_sends_busy_until(delivery: AlertDelivery, *, now: datetime) -> datetime | None:
+    """None when `delivery` may be sent now (fewer than TICK_ALERT_TENANT_SENDS other messages
+    of its tenant are being sent), else when the first of those leases ends. Serialised per
+    tenant by an advisory lock held to the end of the caller's transaction."""
+    with connection.cursor() as cursor:
+        advisory_lock(cursor, ALERT_SENDS_LOCK, delivery.tenant_id)
+    cap = settings.TICK_ALERT_TENANT_SENDS
+    leases = list(
+        AlertDelivery.objects.filter(
+            tenant_id=delivery.tenant_id, state=AlertDelivery.State.PENDING, sending_until__gt=now
+        )
+        .exclude(id=delivery.id)
+        .order_by("sending_until")
+        .values_list("sending_until", flat=True)[:cap]
+    )
+    return leases[0] if len(leases) >= cap else None
+
+
 def _finish(
     delivery: AlertDelivery, state: AlertDelivery.State, *, error: str, now: datetime | None
 ) -> AlertDelivery.State:
     AlertDelivery.objects.filter(id=delivery.id, state=AlertDelivery.State.PENDING).update(
-        state=state, sent_at=now or timezone.now(), last_error=error[:1000]
+        state=state, sent_at=now or timezone.now(), last_error=error[:1000], sending_until=None
     )
     if state == AlertDelivery.State.FAILED:
         log.error("alert message %s failed: %s", delivery.id, error)

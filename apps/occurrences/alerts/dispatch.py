@@ -17,14 +17,14 @@ from datetime import datetime, timedelta
 
 from django.db import connection, transaction
 
-from apps.occurrences.models import Alert, AlertChannel, AlertDelivery, AlertEvent
+from apps.occurrences.models import Alert, AlertChannel, AlertDelivery
 from apps.occurrences.pipeline.broker import OutgoingMessage, Publisher
 from apps.occurrences.pipeline.queues import ALERT_TASK_NAME, alerts_queue_name
 
 log = logging.getLogger(__name__)
 
 _PENDING_BY_CHANNEL = """
-    SELECT a.channel_id, min(a.fired_at), bool_or(a.event = %(test)s)
+    SELECT a.channel_id, min(a.fired_at)
     FROM occurrences_alert a
     WHERE a.delivery_id IS NULL
     GROUP BY a.channel_id
@@ -40,12 +40,11 @@ class DispatchResult:
 
 
 def _ready(
-    *, first_fired: datetime, has_test: bool, last_sent: datetime | None, now: datetime,
-    coalesce_s: int, interval_s: int,
+    *, first_fired: datetime, last_sent: datetime | None, now: datetime, coalesce_s: int,
+    interval_s: int,
 ) -> bool:  # fmt: skip
-    """A test alert goes at once; others after the coalescing wait and the channel's interval."""
-    if has_test:
-        return True
+    """After the coalescing wait and the channel's interval; test alerts too, so that a test
+    button pressed in a loop still makes one message per channel per interval."""
     if first_fired > now - timedelta(seconds=coalesce_s):
         return False
     return last_sent is None or last_sent <= now - timedelta(seconds=interval_s)
@@ -56,10 +55,10 @@ def group_pending(
 ) -> tuple[int, int]:
     """Turn each ready channel's pending alerts into one message; returns (messages, alerts)."""
     with connection.cursor() as cursor:
-        cursor.execute(_PENDING_BY_CHANNEL, {"test": AlertEvent.TEST, "limit": limit})
+        cursor.execute(_PENDING_BY_CHANNEL, {"limit": limit})
         pending = cursor.fetchall()
     deliveries = alerts = 0
-    for channel_id, first_fired, has_test in pending:
+    for channel_id, first_fired in pending:
         with transaction.atomic():
             channel = (
                 AlertChannel.objects.select_for_update(skip_locked=True)
@@ -67,8 +66,8 @@ def group_pending(
                 .first()
             )
             if channel is None or not _ready(
-                first_fired=first_fired, has_test=has_test, last_sent=channel.last_sent_at,
-                now=now, coalesce_s=coalesce_s, interval_s=interval_s,
+                first_fired=first_fired, last_sent=channel.last_sent_at, now=now,
+                coalesce_s=coalesce_s, interval_s=interval_s,
             ):  # fmt: skip
                 continue
             delivery = AlertDelivery.objects.create(
@@ -97,23 +96,25 @@ def publish_pending(*, now: datetime, publisher: Publisher, limit: int = 500) ->
             published_at__isnull=True, state=AlertDelivery.State.PENDING, available_at__lte=now
         )
         .order_by("available_at")
-        .values_list("id", "attempts")[:limit]
+        .values_list("id", "attempts", "available_at")[:limit]
     )
     if not rows:
         return 0
     queue = alerts_queue_name(publisher.prefix)
     messages = [
         OutgoingMessage((i,), queue, ALERT_TASK_NAME, str(d), {"delivery_id": str(d)})
-        for i, (d, _) in enumerate(rows)
+        for i, (d, _, _) in enumerate(rows)
     ]
     result = publisher.publish(messages)
     published = 0
     for key, confirmed_at in result.confirmed.items():
-        delivery_id, attempts = rows[key]
-        # Not over a concurrent send's back-off (it raised `attempts` and cleared the stamp).
+        delivery_id, attempts, available_at = rows[key]
+        # Not over a concurrent send's back-off or a worker's "tenant busy" hand-back (either
+        # moved `available_at` and cleared the stamp): that message needs publishing again.
         published += AlertDelivery.objects.filter(
-            id=delivery_id, published_at__isnull=True, attempts=attempts
-        ).update(published_at=confirmed_at)
+            id=delivery_id, published_at__isnull=True, attempts=attempts,
+            available_at=available_at,
+        ).update(published_at=confirmed_at)  # fmt: skip
     for key, reason in result.failed.items():
         log.warning("alert message %s not confirmed: %s", rows[key][0], reason)
     return published

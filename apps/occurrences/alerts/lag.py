@@ -8,6 +8,7 @@ the first broker confirm (enqueue lag). One still waiting counts with the lag it
 a stall is seen before anything starts. The rule fires when every one of the N minutes had
 occurrences and a p95 above T. The alert's id names the rule and the N-minute window, so a
 lasting condition fires once per window (and the channel's interval still bounds messages).
+Only the timetable's occurrences count: a run now or a backfilled instant is not late.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ _PER_MINUTE = """
     FROM occurrences_occurrence o {attempts}
     WHERE o.tenant_id = %(tenant)s AND o.scheduled_for >= %(since)s AND o.scheduled_for < %(until)s
       AND (%(schedule)s::uuid IS NULL OR o.schedule_id = %(schedule)s::uuid)
-      AND o.state <> ALL(%(never_run)s)
+      AND o.state <> ALL(%(never_run)s) AND o.origin = %(timetable)s
     GROUP BY 1
 """
 _ENQUEUE = _PER_MINUTE.format(measured="o.enqueued_at", attempts="")
@@ -65,6 +66,7 @@ def minute_p95s(rule: AlertRule, *, now: datetime) -> dict[datetime, float]:
             "now": now, "tenant": rule.tenant_id, "since": since, "until": until,
             "schedule": rule.schedule_id, "never_run": [str(s) for s in _NEVER_RUN],
             "from_available_at": [str(lane) for lane in LAG_FROM_AVAILABLE_AT],
+            "timetable": str(Occurrence.Origin.SCHEDULED),
         })  # fmt: skip
         return {minute: float(p95) for minute, p95 in cursor.fetchall()}
 

@@ -84,9 +84,20 @@ def _number(token: str, allowed: range, names: tuple[str, ...] = ()) -> int:
     return value
 
 
-def _values(text: str, allowed: range, names: tuple[str, ...] = ()) -> frozenset[int]:
+def _walk(first: int, last: int, cycle: int) -> list[int]:
+    """The values from `first` round to `last` on a dial of `cycle` values (a wrapped range)."""
+    out = [first]
+    while out[-1] != last:
+        out.append(out[-1] % cycle + 1 if cycle == 12 else (out[-1] + 1) % cycle)
+    return out
+
+
+def _values(
+    text: str, allowed: range, names: tuple[str, ...] = (), cycle: int = 0
+) -> frozenset[int]:
     """The values one field lists. Items are "*", "a" or "a-b", each optionally "/step";
-    "a/step" runs from a to the field's highest value."""
+    "a/step" runs from a to the field's highest value. With a `cycle` (day of week: 7,
+    month: 12) a range whose end lies before its start goes round the dial."""
     found: set[int] = set()
     for item in text.split(","):
         span, slash, step_text = item.partition("/")
@@ -100,10 +111,89 @@ def _values(text: str, allowed: range, names: tuple[str, ...] = ()) -> frozenset
                 last = _number(tail, allowed, names)
             else:
                 last = allowed.stop - 1 if slash else first
-        if last < first:
+        if last >= first:
+            found.update(range(first, last + 1, step))
+        elif cycle:
+            found.update(_walk(first % cycle if cycle == 7 else first, last, cycle)[::step])
+        else:
             raise ValueError(f"cron range {item!r} runs backwards")
-        found.update(range(first, last + 1, step))
     return frozenset(found)
+
+
+@dataclass(frozen=True)
+class DayForms:
+    """The calendar-relative day items: Quartz's L, W and # (docs/timerules.md)."""
+
+    before_last: frozenset[int] = frozenset()  # "L" is 0, "L-n" is n
+    near: frozenset[int] = frozenset()  # "nW"
+    last_working_day: bool = False  # "LW"
+    final_weekdays: frozenset[int] = frozenset()  # "dL", Sunday == 0
+    numbered: frozenset[tuple[int, int]] = frozenset()  # "d#n" as (weekday, n)
+
+    def matches(self, day: date) -> bool:
+        weekday = (day.weekday() + 1) % 7
+        next_month = (day.replace(day=28) + 4 * _DAY).replace(day=1)
+        days_left = (next_month - day).days - 1  # 0 on the last day of the month
+        if days_left in self.before_last:
+            return True
+        if self.last_working_day and day == _working_days(day)[-1]:
+            return True
+        if self.near and any(day == _nearest_working_day(day, n) for n in self.near):
+            return True
+        if weekday in self.final_weekdays and days_left < 7:
+            return True
+        return (weekday, (day.day + 6) // 7) in self.numbered
+
+
+def _working_days(day: date) -> list[date]:
+    """Monday-to-Friday dates of `day`'s month."""
+    first = day.replace(day=1)
+    out = []
+    probe = first
+    while probe.month == first.month:
+        if probe.weekday() < 5:
+            out.append(probe)
+        probe += _DAY
+    return out
+
+
+def _nearest_working_day(day: date, n: int) -> date | None:
+    """The Monday-to-Friday date of `day`'s month closest to its day `n` (none if the month
+    has no day `n`); never a tie, since only a weekend day is moved."""
+    try:
+        target = day.replace(day=n)
+    except ValueError:
+        return None
+    return min(_working_days(day), key=lambda d: abs((d - target).days))
+
+
+def _day_forms(text: str, weekday_field: bool) -> tuple[str, DayForms]:
+    """Split the L/W/# items off a day field: the rest (or "*") and the forms."""
+    rest: list[str] = []
+    before_last: set[int] = set()
+    near: set[int] = set()
+    last_working = False
+    final: set[int] = set()
+    numbered: set[tuple[int, int]] = set()
+    for item in text.split(","):
+        upper = item.upper()
+        if weekday_field and "#" in item:
+            name, _, nth = item.partition("#")
+            numbered.add((_number(name, range(8), _WEEKDAY_NAMES) % 7, _number(nth, range(1, 6))))
+        elif weekday_field and upper.endswith("L"):
+            final.add(_number(item[:-1], range(8), _WEEKDAY_NAMES) % 7)
+        elif not weekday_field and upper == "LW":
+            last_working = True
+        elif not weekday_field and upper.startswith("L"):
+            before_last.add(_number(upper[2:], range(1, 31)) if upper != "L" else 0)
+        elif not weekday_field and upper.endswith("W"):
+            near.add(_number(upper[:-1], range(1, 32)))
+        else:
+            rest.append(item)
+    forms = DayForms(
+        frozenset(before_last), frozenset(near), last_working, frozenset(final), frozenset(numbered)
+    )
+    return ",".join(rest), forms
 
 
 @dataclass(frozen=True)
@@ -116,6 +206,8 @@ class CronRule:
     months: frozenset[int]
     weekdays: frozenset[int]  # Sunday == 0
     either_day: bool  # both day fields restricted: classic cron lets either one match
+    date_forms: DayForms = DayForms()  # L, L-n, nW, LW of the day-of-month field
+    weekday_forms: DayForms = DayForms()  # dL, d#n of the day-of-week field
 
     @classmethod
     def parse(cls, expression: str) -> CronRule:
@@ -123,22 +215,28 @@ class CronRule:
         if len(fields) != 5:
             raise ValueError(f"cron expression {expression!r} does not have five fields")
         minute, hour, day, month, weekday = fields
+        # "?" is "no specific value": the same as "*".
+        day, weekday = ("*" if f == "?" else f for f in (day, weekday))
+        day_rest, date_forms = _day_forms(day, weekday_field=False)
+        weekday_rest, weekday_forms = _day_forms(weekday, weekday_field=True)
+        weekdays = _values(weekday_rest, range(8), _WEEKDAY_NAMES, 7) if weekday_rest else set()
         return cls(
             minutes=_values(minute, range(60)),
             hours=_values(hour, range(24)),
-            days=_values(day, range(1, 32)),
-            months=_values(month, range(1, 13), _MONTH_NAMES),
-            # 7 is Sunday too.
-            weekdays=frozenset(v % 7 for v in _values(weekday, range(8), _WEEKDAY_NAMES)),
-            # Only exactly "*" leaves a day field unrestricted.
+            days=_values(day_rest, range(1, 32)) if day_rest else frozenset(),
+            months=_values(month, range(1, 13), _MONTH_NAMES, cycle=12),
+            weekdays=frozenset(v % 7 for v in weekdays),  # 7 is Sunday too
+            # Only exactly "*" (or "?") leaves a day field unrestricted.
             either_day=day != "*" and weekday != "*",
+            date_forms=date_forms,
+            weekday_forms=weekday_forms,
         )
 
     def matches_day(self, day: date) -> bool:
         if day.month not in self.months:
             return False
-        by_date = day.day in self.days
-        by_weekday = (day.weekday() + 1) % 7 in self.weekdays  # date.weekday: Monday == 0
+        by_date = day.day in self.days or self.date_forms.matches(day)
+        by_weekday = (day.weekday() + 1) % 7 in self.weekdays or self.weekday_forms.matches(day)
         if self.either_day:
             return by_date or by_weekday
         return by_date and by_weekday

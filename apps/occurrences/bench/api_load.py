@@ -439,7 +439,7 @@ def bench_api_tenant(prefix: str) -> tuple[uuid.UUID, str]:
     Tenant.objects.filter(id=tenant_id).update(
         api_rate_per_min=1_000_000_000, max_active_schedules=1_000_000_000
     )
-    _, raw = api_key_create(tenant=Tenant.objects.get(id=tenant_id), name="bench")
+    _, raw = api_key_create(actor="bench", tenant=Tenant.objects.get(id=tenant_id), name="bench")
     return tenant_id, raw
 
 

@@ -54,6 +54,8 @@ from apps.occurrences.bench.fixtures import (
     cron_definition,
     next_whole_minute,
 )
+from apps.occurrences.bench.floor import DELIVERY_PHASES, FloorReport, bench_floor
+from apps.occurrences.bench.pg_profile import Profile, profile_read, profile_reset
 from apps.occurrences.bench.processes import (
     BenchProcesses,
     declare_topology,
@@ -516,6 +518,9 @@ class SustainedReport:
     consumer_received: int
     cpu_s: dict[str, float]
     wal_bytes: int
+    pg_work: PgWork
+    profile: Profile
+    floor: FloorReport | None
     partitions_created: list[str]
     partitions_dropped: list[str]
     held: bool
@@ -552,7 +557,58 @@ class SustainedReport:
             f"  held: {self.held}" + (f" ({'; '.join(self.not_held_because)})" if not self.held
                                       else ""),
         ]  # fmt: skip
+        out += self.pg_work.lines()
+        out += self.profile.lines()
+        if self.floor is not None:
+            out += self.floor.lines()
         return out
+
+
+@dataclass
+class PgWork:
+    """PostgreSQL's work per occurrence enqueued in the measured minutes, and its ratio to the
+    lean-SQL floor's delivery path (materialize + relay) on the same server."""
+
+    enqueued: int
+    cpu_us: float | None
+    wal_bytes: float | None
+    wal_fpi_share: float | None  # full-page images among the WAL records
+    floor_cpu_us: float | None
+    floor_wal_bytes: float | None
+    cpu_ratio: float | None
+    wal_ratio: float | None
+
+    @classmethod
+    def of(
+        cls, *, cpu_s: float, wal_bytes: int, wal_fpi: int, wal_records: int, enqueued: int,
+        floor: FloorReport | None,
+    ) -> PgWork:  # fmt: skip
+        cpu_us = round(cpu_s * 1e6 / enqueued, 1) if enqueued else None
+        wal = round(wal_bytes / enqueued) if enqueued else None
+        floor_cpu, floor_wal = floor.per_occurrence(DELIVERY_PHASES) if floor else (None, None)
+        return cls(
+            enqueued=enqueued, cpu_us=cpu_us, wal_bytes=wal,
+            wal_fpi_share=round(wal_fpi / wal_records, 3) if wal_records else None,
+            floor_cpu_us=floor_cpu, floor_wal_bytes=floor_wal,
+            cpu_ratio=round(cpu_us / floor_cpu, 2) if cpu_us and floor_cpu else None,
+            wal_ratio=round(wal / floor_wal, 2) if wal and floor_wal else None,
+        )  # fmt: skip
+
+    def lines(self) -> list[str]:
+        if self.cpu_us is None or self.wal_bytes is None:
+            return ["  PostgreSQL per occurrence: nothing enqueued"]
+        line = (
+            f"  PostgreSQL per occurrence enqueued ({self.enqueued:,}): {self.cpu_us:.0f} µs CPU, "
+            f"{self.wal_bytes / 1024:.2f} KB WAL"
+        )
+        if self.wal_fpi_share is not None:
+            line += f" ({self.wal_fpi_share:.0%} of WAL records full-page images)"
+        if self.cpu_ratio is not None and self.wal_ratio is not None:
+            line += (
+                f"; {self.cpu_ratio:.1f}x CPU and {self.wal_ratio:.1f}x WAL of the lean-SQL "
+                f"floor ({self.floor_cpu_us:.0f} µs, {(self.floor_wal_bytes or 0) / 1024:.2f} KB)"
+            )
+        return [line]
 
 
 def _s(value: float | None) -> str:
@@ -584,11 +640,13 @@ def _check_running(procs: BenchProcesses) -> None:
 
 def _measure(
     procs: BenchProcesses, start: datetime, minutes: int, say: Callable[[str], object]
-) -> list[MinuteSamples]:
-    """Readings at each minute boundary and outbox depth every SAMPLE_EVERY_S between."""
+) -> tuple[list[MinuteSamples], Profile]:
+    """Readings at each minute boundary and outbox depth every SAMPLE_EVERY_S between; the
+    PostgreSQL profile (pg_profile) of the measured minutes."""
     while timezone.now() < start:  # the warm-up
         _check_running(procs)
         time.sleep(min(1.0, max(0.0, (start - timezone.now()).total_seconds())))
+    profile_reset()
     before = take_reading(procs)
     samples = []
     for n in range(1, minutes + 1):
@@ -604,7 +662,7 @@ def _measure(
         )
         say(f"minute {n}/{minutes} done; outbox {depths[-1] if depths else '-'}")
         before = after
-    return samples
+    return samples, profile_read()
 
 
 def _drain(tenant_ids: list[uuid.UUID], start: datetime, end: datetime) -> None:
@@ -635,9 +693,12 @@ def bench_sustained(
     relays: int = 2,
     lead_s: float = 90.0,
     warmup_minutes: int = 0,
+    floor: bool = True,
     log: Callable[[str], object] | None = None,
 ) -> SustainedReport:
     say = log or (lambda message: None)
+    # Before anything else runs: the floor's figures are this server's, unloaded.
+    floor_report = bench_floor(log=say) if floor else None
     plan = SpreadPlan(per_minute, flexible_share, tenants)
     prefix = f"tick-bench-{uuid.uuid4().hex[:8]}"
     broker_url = settings.CELERY_BROKER_URL
@@ -664,7 +725,7 @@ def bench_sustained(
             f"measuring {minutes} min from {start.isoformat()}"
         )
         end = start + timedelta(minutes=minutes)
-        samples = _measure(procs, start, minutes, say)
+        samples, profile = _measure(procs, start, minutes, say)
         _drain(tenant_ids, start, end)
         procs.stop()
         consumer.stop()
@@ -676,7 +737,8 @@ def bench_sustained(
             plan, figures, samples, start=start, minutes=minutes, warmup_minutes=warmup_minutes,
             materializers=materializers,
             relays=relays, counts=counts, consumer_missing=consumer_missing,
-            duplicates=duplicates, received=consumer.received_count,
+            duplicates=duplicates, received=consumer.received_count, profile=profile,
+            floor=floor_report,
         )  # fmt: skip
     finally:
         procs.stop()
@@ -701,6 +763,8 @@ def _report(
     consumer_missing: int,
     duplicates: int,
     received: int,
+    profile: Profile,
+    floor: FloorReport | None,
 ) -> SustainedReport:
     rows = minute_rows(start, minutes, figures, samples)
     strict = figures.overall.get(Lane.STRICT, LaneFigures())
@@ -718,6 +782,12 @@ def _report(
         for kind, seconds in sample.cpu_s.items():
             cpu[kind] = round(cpu.get(kind, 0.0) + seconds, 2)
     p99s = [row.strict_p99_s for row in rows if row.strict_p99_s is not None]
+    wal_bytes = sum(s.wal_bytes for s in samples)
+    work = PgWork.of(
+        cpu_s=cpu.get("postgresql", 0.0), wal_bytes=wal_bytes, wal_fpi=profile.wal.fpi,
+        wal_records=profile.wal.records,
+        enqueued=sum(row.enqueued for row in rows), floor=floor,
+    )  # fmt: skip
     return SustainedReport(
         per_minute=plan.per_minute,
         minutes=minutes,
@@ -741,7 +811,10 @@ def _report(
         duplicates=duplicates,
         consumer_received=received,
         cpu_s=cpu,
-        wal_bytes=sum(s.wal_bytes for s in samples),
+        wal_bytes=wal_bytes,
+        pg_work=work,
+        profile=profile,
+        floor=floor,
         partitions_created=sorted({n for s in samples for n in s.partitions_created}),
         partitions_dropped=sorted({n for s in samples for n in s.partitions_dropped}),
         held=not reasons,

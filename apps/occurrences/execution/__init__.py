@@ -12,6 +12,7 @@ requeue.py    one occurrence back through the outbox's retry lane
 registry.py   every handler by name, with its payload validator
 handlers.py   the handler contract (context, errors) and the demo handlers
 webhook.py, ssrf.py  the webhook handler and its connect-time guard
+egress.py     every outbound HTTP call (handler and alert webhooks) under one total deadline
 tasks.py, worker_consumer.py  the Celery entry points
 
 Each module's docstring holds its part of the lock story; every step may run concurrently

@@ -388,7 +388,9 @@ def _open_attempt(
     )
     lane, available_at = cursor.fetchone()
     tenant_activity_mark(cursor, row.tenant_id)
-    if attempt_no == 1:  # a retry starts late by design (docs/operations.md "Metrics")
+    # A retry starts late by design, and an asked-for run (run now, backfill) is not late
+    # (docs/operations.md "Metrics").
+    if attempt_no == 1 and row.origin == Occurrence.Origin.SCHEDULED:
         metrics.observe_start_lag(
             lane, scheduled_for=row.scheduled_for, available_at=available_at, started_at=now
         )

@@ -24,6 +24,9 @@ from django.db.backends.utils import CursorWrapper
 # Advisory lock namespaces (first key of the two-int form); the second is H(id).
 SCHEDULE_LOCK = 6001
 TENANT_LOCK = 6002
+# Held while an alert delivery counts its tenant's sends in flight (alerts/deliver.py); never
+# together with the locks above.
+ALERT_SENDS_LOCK = 6003
 
 
 def lock_key(value: uuid.UUID) -> int:

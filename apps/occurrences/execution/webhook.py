@@ -10,8 +10,10 @@ The URL's port must be 80, 443 or one the tenant's `webhook_allowed_ports` names
 Request: `POST url`, `Content-Type: application/json`, `Idempotency-Key: <occurrence_id>`,
 `User-Agent: Tick-Webhook/1`, the signature headers `webhook-id` (the occurrence id),
 `webhook-timestamp` and `webhook-signature` (`signed_headers`, docs/webhooks.md), plus the
-tenant's headers (not the reserved ones). Connect and read timeouts from settings; redirects
-are never followed; no proxy from the environment.
+tenant's headers (not the reserved ones). Connect and read timeouts from settings, and one
+total deadline for the whole call (egress.py: `TICK_EGRESS_DEADLINE_S`, never past the
+attempt's run-time limit; a cancel stops it too); redirects are never followed; no proxy
+from the environment.
 
 SSRF guard at connect time: the host is resolved once by `ssrf.resolve_target`, every address
 is checked, and urllib3 connects to that checked address literal (TLS still verifies the
@@ -31,32 +33,24 @@ from __future__ import annotations
 
 import json
 import re
-import ssl
+import threading
 import uuid
 from collections.abc import Collection, Mapping
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any
 
-import urllib3
 from django.conf import settings
 from django.utils import timezone
-from urllib3.exceptions import HTTPError as Urllib3Error
-from urllib3.exceptions import SSLError as Urllib3SSLError
 
+from apps.occurrences.execution.egress import egress_deadline_s, egress_post
 from apps.occurrences.execution.handlers import (
     HandlerContext,
     PayloadError,
     PermanentError,
     TransientError,
 )
-from apps.occurrences.execution.ssrf import (
-    Allowlist,
-    ResolvedTarget,
-    SSRFRefused,
-    check_url,
-    resolve_target,
-)
+from apps.occurrences.execution.ssrf import Allowlist, SSRFRefused, check_url
 from apps.occurrences.observability import metrics
 from apps.tenants.errors import SigningUnavailable
 from apps.tenants.models import Tenant
@@ -178,25 +172,6 @@ def _body_bytes(body: Any) -> bytes:
     return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-def _pool(resolved: ResolvedTarget, timeout: urllib3.Timeout) -> urllib3.HTTPConnectionPool:
-    target = resolved.target
-    address = str(resolved.address)
-    if target.scheme == "https":
-        return urllib3.HTTPSConnectionPool(
-            address,
-            target.port,
-            timeout=timeout,
-            retries=False,
-            maxsize=1,
-            server_hostname=target.host,
-            assert_hostname=target.host,
-            cert_reqs="CERT_REQUIRED",
-        )
-    return urllib3.HTTPConnectionPool(
-        address, target.port, timeout=timeout, retries=False, maxsize=1
-    )
-
-
 def _tenant_ports(tenant_id: uuid.UUID) -> frozenset[int]:
     ports = (
         Tenant.objects.filter(id=tenant_id).values_list("webhook_allowed_ports", flat=True).first()
@@ -226,6 +201,8 @@ def webhook_send(*, ctx: HandlerContext) -> int:
         tenant_id=ctx.tenant_id,
         message_id=str(ctx.occurrence_id),
         extra_ports=extra_ports,
+        run_limit_s=ctx.timeout_s,
+        cancel=ctx.cancel_requested,
     )
 
 
@@ -237,61 +214,32 @@ def webhook_post(
     tenant_id: uuid.UUID,
     message_id: str,
     extra_ports: frozenset[int] | None = None,
+    run_limit_s: float | None = None,
+    cancel: threading.Event | None = None,
 ) -> int:
     """POST a JSON `body` to `url` through the SSRF guard (the resolved address is the one
     connected to; ports 80/443 or the tenant's; no redirects, no proxies), signed with the
     tenant's secrets under `message_id`; returns the 2xx status or raises
-    `PermanentError`/`TransientError`. Shared by the webhook handler and alert webhooks."""
+    `PermanentError`/`TransientError`. Shared by the webhook handler and alert webhooks; the
+    whole call, DNS to last byte, within `TICK_EGRESS_DEADLINE_S` and `run_limit_s`, stopped
+    early when `cancel` is set (egress.py)."""
     if extra_ports is None:
         extra_ports = _tenant_ports(tenant_id)
-    try:
-        resolved = resolve_target(url, allowlist=allowlist(), extra_ports=extra_ports)
-    except SSRFRefused as exc:
-        metrics.webhook_refused.inc()
-        raise PermanentError(f"webhook target refused: {exc}") from None
-    except OSError as exc:  # DNS failure: may be temporary
-        raise TransientError(f"could not resolve webhook host: {exc}") from None
     headers = {
         **headers,
-        "Host": resolved.target.host_header,
         "Content-Type": "application/json",
         "User-Agent": USER_AGENT,
         **signed_headers(tenant_id=tenant_id, message_id=message_id, body=body),
     }
-    timeout = urllib3.Timeout(
-        connect=settings.TICK_WEBHOOK_CONNECT_TIMEOUT_S, read=settings.TICK_WEBHOOK_READ_TIMEOUT_S
-    )
-    pool = _pool(resolved, timeout)
-    try:
-        response = pool.urlopen(
-            "POST",
-            resolved.target.request_path,
-            body=body,
-            headers=headers,
-            redirect=False,
-            retries=False,
-            preload_content=False,
-            assert_same_host=False,
-        )
-        try:
-            snippet = response.read(512, decode_content=False)
-        finally:
-            response.release_conn()
-    except Urllib3SSLError as exc:
-        if isinstance(exc.__context__, ssl.SSLCertVerificationError) or "CERTIFICATE_VERIFY" in str(
-            exc
-        ):
-            raise PermanentError(f"webhook TLS certificate refused: {exc}") from None
-        raise TransientError(f"webhook TLS error: {exc}") from None
-    except (Urllib3Error, OSError) as exc:
-        raise TransientError(f"webhook request failed: {exc}") from None
-    finally:
-        pool.close()
+    response = egress_post(
+        url=url, body=body, headers=headers, allowlist=allowlist(), extra_ports=extra_ports,
+        deadline_s=egress_deadline_s(run_limit_s), cancel=cancel,
+    )  # fmt: skip
     return classify_response(
         response.status,
-        snippet,
-        location=response.headers.get("Location"),
-        retry_after=response.headers.get("Retry-After"),
+        response.snippet,
+        location=response.location,
+        retry_after=response.retry_after,
     )
 
 

@@ -27,6 +27,7 @@ LAG_LANES = (Lane.STRICT, Lane.FLEXIBLE)
 # enqueued_at, as the SLO metric `tick_schedule_lag_seconds`, or the first attempt's
 # started_at, as `tick_start_lag_seconds` (docs/operations.md "Metrics"). Percentiles are
 # computed in PostgreSQL; both tables are read within the range, so within its partitions.
+# Runs asked for (run now, backfill) are left out: they are not late (docs/ui.md).
 _LAG = """
     SELECT to_timestamp(floor(extract(epoch FROM o.scheduled_for) / %(bucket)s) * %(bucket)s)
                AS bucket,
@@ -37,7 +38,7 @@ _LAG = """
                                  ELSE o.scheduled_for END))
     FROM occurrences_occurrence o {attempts}
     WHERE o.tenant_id = %(tenant)s AND o.scheduled_for >= %(since)s AND o.scheduled_for < %(until)s
-      AND {measured} IS NOT NULL AND o.lane = ANY(%(lanes)s)
+      AND {measured} IS NOT NULL AND o.lane = ANY(%(lanes)s) AND o.origin = %(timetable)s
     GROUP BY 1, 2
     ORDER BY 1, 2
 """
@@ -70,6 +71,7 @@ def _percentiles(sql: str, *, tenant: Tenant, now: datetime, hours: int) -> list
             "bucket": LAG_BUCKET_S, "tenant": tenant.id, "since": now - timedelta(hours=hours),
             "until": now, "lanes": [str(lane) for lane in LAG_LANES],
             "from_available_at": [str(lane) for lane in LAG_FROM_AVAILABLE_AT],
+            "timetable": str(Occurrence.Origin.SCHEDULED),
         })  # fmt: skip
         rows = cursor.fetchall()
     return [

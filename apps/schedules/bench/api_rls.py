@@ -52,7 +52,7 @@ def _tenant(label: str, schedules: int) -> tuple[Tenant, str]:
     Tenant.objects.filter(pk=tenant.pk).update(api_rate_per_min=10**9)
     for n in range(schedules):
         schedule_create(tenant=tenant, spec=_spec(n), actor="bench")
-    _, raw = api_key_create(tenant=tenant, name="bench")
+    _, raw = api_key_create(actor="bench", tenant=tenant, name="bench")
     return tenant, raw
 
 

@@ -28,7 +28,7 @@ def _last_line(out: StringIO) -> str:
 
 
 def test_key_is_stored_hashed_with_a_visible_prefix_and_records_last_use(tenant_a):
-    key, raw = api_key_create(tenant=tenant_a, name="ci")
+    key, raw = api_key_create(actor="test", tenant=tenant_a, name="ci")
 
     assert raw.startswith("tick_") and len(raw) > 40
     assert key.key_hash == hash_api_key(raw) and raw not in key.key_hash
@@ -113,7 +113,9 @@ def test_a_viewer_key_reads_every_route_and_changes_nothing(tenant_a):
     from apps.tenants.services import api_key_create
 
     sched = make_schedule(tenant_a)
-    _, raw = api_key_create(tenant=tenant_a, name="dashboards", role=Membership.Role.VIEWER)
+    _, raw = api_key_create(
+        actor="test", tenant=tenant_a, name="dashboards", role=Membership.Role.VIEWER
+    )
     viewer = APIClient()
     viewer.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
 

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture
 def viewer_api_a(tenant_a):
-    _, raw = api_key_create(tenant=tenant_a, name="ro", role=Membership.Role.VIEWER)
+    _, raw = api_key_create(actor="test", tenant=tenant_a, name="ro", role=Membership.Role.VIEWER)
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
     return client

@@ -41,7 +41,7 @@ def auth(tenant_a: Any, alice: Any, bob: Any) -> dict[str, str]:
         tenant=tenant_a, email="fuzz@example.com", role=Membership.Role.VIEWER, actor="t",
         site_url="http://testserver/",
     )  # fmt: skip
-    _, raw = api_key_create(tenant=tenant_a, name="fuzz")
+    _, raw = api_key_create(actor="test", tenant=tenant_a, name="fuzz")
     return {"Authorization": f"Bearer {raw}"}
 
 

@@ -23,7 +23,7 @@ def _hits(key: ApiKey, n: int, *, limit: int, now: datetime) -> list[RateDecisio
 
 @pytest.fixture
 def key(tenant_a):
-    return api_key_create(tenant=tenant_a, name="ci")[0]
+    return api_key_create(actor="test", tenant=tenant_a, name="ci")[0]
 
 
 def test_requests_up_to_the_limit_are_allowed_and_later_ones_refused_and_counted(key):
@@ -71,8 +71,8 @@ def test_windows_are_aligned_to_the_minute_not_to_the_first_request(key):
 
 
 def test_the_limit_is_per_key_not_per_tenant(tenant_a, tenant_b, key):
-    same_tenant = api_key_create(tenant=tenant_a, name="other")[0]
-    other_tenant = api_key_create(tenant=tenant_b, name="b")[0]
+    same_tenant = api_key_create(actor="test", tenant=tenant_a, name="other")[0]
+    other_tenant = api_key_create(actor="test", tenant=tenant_b, name="b")[0]
     _hits(key, 3, limit=2, now=WINDOW)
 
     second_key = api_key_rate_hit(api_key=same_tenant, limit_per_min=2, now=WINDOW)

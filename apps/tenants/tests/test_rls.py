@@ -38,7 +38,7 @@ def rows(tenant_a, tenant_b):
     a, b = schedule(tenant_a, name="alpha's"), schedule(tenant_b, name="bravo's")
     occurrence(a, when)
     occurrence(b, when)
-    api_key_create(tenant=tenant_b, name="other")
+    api_key_create(actor="test", tenant=tenant_b, name="other")
     return a, b
 
 

@@ -25,6 +25,30 @@ def test_login_with_password_lands_on_the_dashboard(client, alice):
     assert client.get("/").status_code == 200
 
 
+@pytest.mark.parametrize("method", ["get", "post"])
+@pytest.mark.parametrize(
+    "target", ["/login/", "/login/?next=/schedules/", "http://testserver/login/"]
+)
+def test_a_signed_in_person_sent_to_the_login_page_lands_on_the_dashboard(
+    client, alice, method, target
+):
+    client.force_login(alice)
+
+    response = getattr(client, method)(f"/login/?next={target}")
+
+    assert response.status_code == 302
+    assert response["Location"] == "/"
+
+
+def test_a_signed_in_person_with_another_next_goes_there(client, alice):
+    client.force_login(alice)
+
+    response = client.get("/login/?next=/schedules/")
+
+    assert response.status_code == 302
+    assert response["Location"] == "/schedules/"
+
+
 def test_csrf_is_enforced_on_posts(alice):
     from django.test import Client
 
@@ -86,7 +110,7 @@ def test_admin_creates_a_key_shown_once_and_stored_hashed(client, alice, tenant_
 
 
 def test_viewer_cannot_create_or_revoke_keys(client, bob, tenant_a):
-    key, _ = api_key_create(tenant=tenant_a, name="prod")
+    key, _ = api_key_create(actor="test", tenant=tenant_a, name="prod")
     client.force_login(bob)
 
     page = client.get("/keys/").content.decode()
@@ -99,7 +123,7 @@ def test_viewer_cannot_create_or_revoke_keys(client, bob, tenant_a):
 
 
 def test_admin_revokes_a_key(client, alice, tenant_a):
-    key, _ = api_key_create(tenant=tenant_a, name="prod")
+    key, _ = api_key_create(actor="test", tenant=tenant_a, name="prod")
     client.force_login(alice)
 
     response = client.post(f"/keys/{key.id}/revoke/")
@@ -110,7 +134,7 @@ def test_admin_revokes_a_key(client, alice, tenant_a):
 
 
 def test_outsider_cannot_see_or_revoke_another_tenants_key(client, charlie, tenant_a):
-    key, _ = api_key_create(tenant=tenant_a, name="prod")
+    key, _ = api_key_create(actor="test", tenant=tenant_a, name="prod")
     client.force_login(charlie)
 
     assert key.prefix not in client.get("/keys/").content.decode()

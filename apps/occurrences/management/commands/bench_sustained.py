@@ -16,6 +16,7 @@ SUSTAINED_PARAMETERS = (
     "relays",
     "lead_s",
     "warmup_minutes",
+    "floor",
 )
 
 
@@ -40,6 +41,10 @@ class Command(BaseCommand):
         parser.add_argument(
             "--warmup-minutes", type=int, default=0,
             help="whole minutes run before measuring (5: flexible at its steady rate)",
+        )  # fmt: skip
+        parser.add_argument(
+            "--no-floor", dest="floor", action="store_false",
+            help="skip the lean-SQL floor run first (no ratio to it in the report)",
         )  # fmt: skip
         parser.add_argument("--json", action="store_true", help="only the JSON line")
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import uuid
 from datetime import timedelta
+from email import message_from_bytes
+from email import policy as email_policy
 
 import pytest
 from django.core import mail
@@ -202,7 +204,7 @@ def test_an_alert_webhook_to_a_private_address_is_refused(tenant_a, settings, ur
 def test_a_target_refused_at_send_time_fails_at_once(tenant_a, hook, settings):
     ch = channel(tenant_a, _hook_url(hook), AlertChannel.Kind.WEBHOOK)
     send_test_alert(channel=ch, actor="t")
-    group_pending(now=timezone.now(), coalesce_s=10, interval_s=60)
+    _group_later()
     settings.TICK_WEBHOOK_ALLOWLIST = []  # the operator closed loopback since
 
     assert alert_deliver(AlertDelivery.objects.get().id) == AlertDelivery.State.FAILED
@@ -216,7 +218,7 @@ def test_a_transient_failure_backs_off_then_fails_after_the_last_attempt(
     settings.TICK_ALERT_MAX_ATTEMPTS = 2
     ch = channel(tenant_a, "http://127.0.0.1:9/closed", AlertChannel.Kind.WEBHOOK)
     send_test_alert(channel=ch, actor="t")
-    group_pending(now=timezone.now(), coalesce_s=10, interval_s=60)
+    _group_later()
     delivery = AlertDelivery.objects.get()
     AlertDelivery.objects.filter(id=delivery.id).update(published_at=timezone.now())
 
@@ -228,14 +230,20 @@ def test_a_transient_failure_backs_off_then_fails_after_the_last_attempt(
     assert alert_deliver(delivery.id) == AlertDelivery.State.FAILED
 
 
-def test_a_test_alert_goes_at_once_whatever_the_interval(tenant_a):
+def test_a_test_alert_waits_for_the_coalescing_and_the_channel_interval(tenant_a):
     ch = channel(tenant_a, "ops@example.com")
-    AlertChannel.objects.filter(id=ch.id).update(last_sent_at=timezone.now())
-    send_test_alert(channel=ch, actor="alice")
+    sent_at = timezone.now()
+    AlertChannel.objects.filter(id=ch.id).update(last_sent_at=sent_at)
+    for _ in range(3):  # the button pressed in a loop
+        send_test_alert(channel=ch, actor="alice")
 
-    assert group_pending(now=timezone.now(), coalesce_s=10, interval_s=60) == (1, 1)
+    assert group_pending(now=sent_at + timedelta(seconds=11), coalesce_s=10,
+                         interval_s=60) == (0, 0)  # fmt: skip
+    assert group_pending(now=sent_at + timedelta(seconds=61), coalesce_s=10,
+                         interval_s=60) == (1, 3)  # fmt: skip
     alert_deliver(AlertDelivery.objects.get().id)
-    assert "Test alert requested by alice" in mail.outbox[0].subject
+    assert len(mail.outbox) == 1  # one digest, not three mails
+    assert "3 alerts (3 test)" in mail.outbox[0].subject
 
 
 def test_missed_and_completed_schedules_alert(tenant_a):
@@ -286,3 +294,68 @@ def test_a_lag_rule_stays_quiet_when_runs_start_on_time(tenant_a):
         )  # fmt: skip
 
     assert lag_alerts_record(now=now) == 0
+
+
+def test_a_tenants_alert_sends_are_capped_and_a_waiting_message_spends_no_attempt(
+    tenant_a, tenant_b, settings
+):
+    settings.TICK_ALERT_TENANT_SENDS = 1
+    busy, waiting = channel(tenant_a, "a1@example.com"), channel(tenant_a, "a2@example.com")
+    other = channel(tenant_b, "b@example.com")
+    for ch in (busy, waiting, other):
+        send_test_alert(channel=ch, actor="t")
+    _group_later()
+    now = timezone.now()
+    # A worker is sending tenant A's first message (a receiver that takes its time).
+    AlertDelivery.objects.filter(channel=busy).update(
+        sending_until=now + timedelta(seconds=60), attempts=1
+    )
+    AlertDelivery.objects.update(published_at=now)
+
+    held = AlertDelivery.objects.get(channel=waiting)
+    assert alert_deliver(held.id) == AlertDelivery.State.PENDING
+    held.refresh_from_db()
+    assert (held.attempts, held.published_at) == (0, None)  # back to the dispatcher, unspent
+    assert now < held.available_at <= timezone.now() + timedelta(seconds=5)
+    assert not mail.outbox
+    # Another tenant's message is not held up by tenant A's.
+    assert alert_deliver(AlertDelivery.objects.get(channel=other).id) == AlertDelivery.State.SENT
+
+    # The first send's lease ends (its worker died): the waiting message goes.
+    AlertDelivery.objects.filter(channel=busy).update(sending_until=now - timedelta(seconds=1))
+    assert alert_deliver(held.id) == AlertDelivery.State.SENT
+    held.refresh_from_db()
+    assert (held.attempts, held.sending_until) == (1, None)
+    assert [m.to for m in mail.outbox] == [["b@example.com"], ["a2@example.com"]]
+
+
+def test_a_line_break_in_a_schedule_name_breaks_no_header_and_adds_no_line(tenant_a):
+    # A row saved before names were checked for control characters.
+    ch = channel(tenant_a, "ops@example.com")
+    rule(ch)
+    evil = "nightly\r\nBcc: evil@example.test\u2028X-Other: 1"
+    first = dead_occurrence(tenant_a)
+    Schedule.objects.filter(id=first.schedule_id).update(name=evil)
+    Alert.objects.all().delete()
+    with connection.cursor() as cursor:  # the DEAD alert as the worker records it
+        record_dead_alert(cursor, occurrence_id=first.id, scheduled_for=first.scheduled_for,
+                          schedule_id=first.schedule_id, tenant_id=tenant_a.id)  # fmt: skip
+    _group_later()
+    assert alert_deliver(AlertDelivery.objects.get().id) == AlertDelivery.State.SENT
+    alone = mail.outbox[0]
+    assert "\n" not in alone.subject and "\r" not in alone.subject
+    assert "DEAD: nightly  Bcc: evil@example.test X-Other: 1" in alone.subject
+    sent = message_from_bytes(alone.message().as_bytes(), policy=email_policy.default)
+    assert (sent["Bcc"], sent["X-Other"]) == (None, None)
+    assert str(sent["Subject"]) == alone.subject
+
+    # In a digest, each alert stays on its one line.
+    for n in range(2):
+        send_test_alert(channel=ch, actor=f"a\nb{n}")
+    Alert.objects.filter(event=AlertEvent.TEST).update(subject=f"{evil} #test")
+    group_pending(now=timezone.now() + timedelta(seconds=120), coalesce_s=10, interval_s=60)
+    digest = AlertDelivery.objects.filter(state=AlertDelivery.State.PENDING).get()
+    assert alert_deliver(digest.id) == AlertDelivery.State.SENT
+    body = mail.outbox[1].body.splitlines()
+    assert not [line for line in body if line.startswith(("Bcc", "X-Other"))]
+    assert len([line for line in body if "Bcc: evil" in line]) == 2

@@ -206,8 +206,9 @@ def test_test_alert_is_grouped_into_a_delivery_and_listed_with_its_state(api_a, 
     ]
     assert pending[0]["channel"] == {"id": str(ch.id), "name": ch.name, "kind": "email"}
 
-    # The reaper's grouping sends a test alert at once: no coalescing wait, no interval.
-    assert group_pending(now=timezone.now(), coalesce_s=3600, interval_s=3600) == (1, 1)
+    # The reaper's grouping makes it a message once the coalescing wait is over.
+    later = timezone.now() + timedelta(seconds=11)
+    assert group_pending(now=later, coalesce_s=10, interval_s=3600) == (1, 1)
     delivery = AlertDelivery.objects.get()
     AlertDelivery.objects.filter(id=delivery.id).update(
         state=AlertDelivery.State.SENT, sent_at=timezone.now()

@@ -5,6 +5,7 @@ records a TEST alert that the reaper's grouping turns into a message, listed in 
 from __future__ import annotations
 
 import uuid
+from datetime import timedelta
 
 import pytest
 from django.utils import timezone
@@ -165,8 +166,9 @@ def test_test_alert_button_flashes_and_the_reaper_turns_it_into_a_delivery(clien
     assert f"Test alert {alert.id} recorded" in text
     assert response.context["history"] == [(alert, "pending")]
 
-    # The reaper's grouping sends a test alert at once, whatever the coalescing and interval.
-    assert group_pending(now=timezone.now(), coalesce_s=3600, interval_s=3600) == (1, 1)
+    # The reaper's grouping makes it a message once the coalescing wait is over.
+    later = timezone.now() + timedelta(seconds=11)
+    assert group_pending(now=later, coalesce_s=10, interval_s=3600) == (1, 1)
     alert.refresh_from_db()
     delivery = AlertDelivery.objects.get(alerts=alert)
     assert (delivery.channel_id, delivery.alert_count) == (ch.id, 1)

@@ -175,7 +175,7 @@ def test_the_health_query_reads_the_schedule_time_index_on_the_partitions(tenant
         "run": ["SUCCEEDED"], "finished": ["SUCCEEDED"], "succeeded": "SUCCEEDED",
         "rate_over": 20, "from_available": ["flexible"], "late_since": NOW - timedelta(hours=1),
         "late_lookback": 10, "not_started": ["ENQUEUED"], "late_before": NOW,
-        "late_after": timedelta(seconds=60),
+        "late_after": timedelta(seconds=60), "timetable": "scheduled",
     }  # fmt: skip
     with connection.cursor() as cursor:
         # Tiny test tables make a sequential scan cheapest; forbid it to see which index the

@@ -138,3 +138,46 @@ def test_an_update_to_bad_headers_is_refused_and_changes_nothing(api_a):
     assert list(_error(response)["fields"]) == ["payload.headers"]
     schedule = Schedule.objects.get(id=created["id"])
     assert (schedule.version, schedule.payload) == (1, {"url": "https://example.com/"})
+
+
+# --- instants at the edges of the calendar ---------------------------------------------------
+
+EDGE_INSTANTS = ["0001-01-01T00:00:00Z", "1969-12-31T23:59:59Z", "9999-01-01T00:00:00Z",
+                 "9999-12-31T23:59:59-23:59"]  # fmt: skip
+
+
+@pytest.mark.parametrize("field", ["start_at", "end_at"])
+@pytest.mark.parametrize("instant", EDGE_INSTANTS)
+def test_a_bound_outside_1970_to_9998_is_a_400_on_its_field(api_a, field, instant):
+    body = {"name": "edge", "kind": "cron", "expression": "0 * * * *", "handler": "record"}
+
+    created = api_a.post("/api/v1/schedules", {**body, field: instant}, format="json")
+    previewed = api_a.post("/api/v1/schedules/preview", {**body, field: instant}, format="json")
+
+    for response in (created, previewed):
+        assert response.status_code == 400, response.content
+        assert list(_error(response)["fields"]) == [field]
+    assert not Schedule.objects.exists()
+
+
+@pytest.mark.parametrize("run_at", ["0001-01-01T00:00", "0001-01-01T00:00:00Z", "9999-12-31T23:59"])
+def test_a_one_shot_outside_1970_to_9998_is_a_400_on_run_at(api_a, run_at):
+    body = {"name": "edge", "kind": "one_shot", "run_at": run_at, "time_zone": "Asia/Tokyo",
+            "handler": "record", "max_lateness_s": 604800}  # fmt: skip
+
+    response = api_a.post("/api/v1/schedules", body, format="json")
+
+    assert response.status_code == 400, response.content
+    assert list(_error(response)["fields"]) == ["run_at"]
+
+
+def test_a_patch_to_year_one_is_a_400_and_changes_nothing(api_a, tenant_a):
+    schedule = make_schedule(tenant_a)
+
+    response = api_a.patch(
+        f"/api/v1/schedules/{schedule.id}", {"start_at": "0001-01-01T00:00:00Z"}, format="json"
+    )
+
+    assert response.status_code == 400, response.content
+    assert list(_error(response)["fields"]) == ["start_at"]
+    assert Schedule.objects.get(pk=schedule.pk).start_at is None

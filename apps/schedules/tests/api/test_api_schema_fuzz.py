@@ -43,7 +43,7 @@ def auth(tenant_a: Any) -> dict[str, str]:
     tenant_a.api_rate_per_min = 1_000_000
     tenant_a.save(update_fields=["api_rate_per_min"])
     make_schedule(tenant_a)  # something to list
-    _, raw = api_key_create(tenant=tenant_a, name="fuzz")
+    _, raw = api_key_create(actor="test", tenant=tenant_a, name="fuzz")
     return {"Authorization": f"Bearer {raw}"}
 
 

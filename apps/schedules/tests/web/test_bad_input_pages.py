@@ -126,3 +126,24 @@ def test_the_admin_refuses_a_port_outside_1_to_65535(client, root, tenant_a, por
     assert response.context["adminform"].form.errors["webhook_allowed_ports"]
     tenant_a.refresh_from_db()
     assert tenant_a.webhook_allowed_ports == []
+
+
+_FORM = {"name": "edge", "kind": "cron", "expression": "0 * * * *", "time_zone": "UTC",
+         "handler": "record", "precision": "strict", "misfire_policy": "fire_once",
+         "overlap_policy": "allow", "dst_gap": "skip", "dst_fold": "first"}  # fmt: skip
+
+
+@pytest.mark.parametrize("path", ["/schedules/new/", "/schedules/preview/"])
+@pytest.mark.parametrize(
+    "field, value", [("start_at", "0001-01-01T00:00:00Z"), ("end_at", "9999-12-31T23:59:59Z")]
+)
+def test_a_year_outside_1970_to_9998_is_an_inline_message_on_its_field(
+    client, alice, path, field, value
+):
+    client.force_login(alice)
+
+    response = client.post(path, {**_FORM, field: value})
+
+    assert response.status_code in (200, 400)
+    assert "between the years 1970 and 9998" in response.content.decode()
+    assert not Schedule.objects.exists()

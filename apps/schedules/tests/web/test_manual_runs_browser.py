@@ -36,15 +36,15 @@ def _crop(element, name: str) -> None:
 
 
 def _set_range(driver, start: datetime, end: datetime) -> None:
-    # datetime-local typing depends on the browser's locale; set the values and fire the
-    # change event the dialog's preview listens to instead.
+    # Set both values at once and fire the change event the dialog's preview listens to
+    # (typing fires one preview per key).
     driver.execute_script(
         "document.getElementById('backfill-from').value = arguments[0];"
         "document.getElementById('backfill-to').value = arguments[1];"
         "document.getElementById('backfill-only')"
         ".dispatchEvent(new Event('change', {bubbles: true}));",
-        start.strftime("%Y-%m-%dT%H:%M"),
-        end.strftime("%Y-%m-%dT%H:%M"),
+        start.strftime("%Y-%m-%d %H:%M"),
+        end.strftime("%Y-%m-%d %H:%M"),
     )
 
 
@@ -113,3 +113,30 @@ def test_run_now_and_backfill_dialog_in_a_real_browser(live_server, browser, ali
     _wait(driver, lambda d: "0 instants will run" in _preview_text(d))
     assert "4 already backfilled" in _preview_text(driver)
     assert driver.find_elements(By.ID, "backfill-confirm") == []
+
+
+def test_the_backfill_dialog_opens_on_a_range_it_accepts(live_server, browser, alice, tenant_a):  # noqa: F811
+    import re
+
+    from selenium.webdriver.common.by import By
+
+    # given: an every-minute rule, whose last 24 h hold more instants than one backfill runs
+    schedule = rows.schedule(tenant_a, name="every minute", expression="* * * * *")
+    driver = browser
+    _login(driver, live_server.url, "alice", "pw-alice-123")
+    driver.get(f"{live_server.url}/schedules/{schedule.id}/")
+
+    # when: the dialog is opened (it previews its default range by itself)
+    driver.find_element(By.ID, "backfill-open").click()
+    _wait(
+        driver,
+        lambda d: "will run" in _preview_text(d) or d.find_elements(By.ID, "backfill-errors"),
+    )
+
+    # then: no error, a preview of the last hour, the fields in 24-hour UTC as labelled
+    assert driver.find_elements(By.ID, "backfill-errors") == []
+    assert "of 60 in the range" in _preview_text(driver)
+    values = [driver.find_element(By.ID, f"backfill-{end}").get_attribute("value")
+              for end in ("from", "to")]  # fmt: skip
+    assert all(re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d", v or "") for v in values), values
+    _crop(driver.find_element(By.ID, "backfill-dialog"), "schedule-backfill-dialog-default")

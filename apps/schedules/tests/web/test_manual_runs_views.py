@@ -3,9 +3,11 @@ resubmitted form run once, the dialog's preview writes nothing, the tenancy trio
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
 
 import pytest
+import time_machine
 from django.utils import timezone
 
 from apps.occurrences.models import Occurrence
@@ -84,3 +86,28 @@ def test_viewer_gets_403_and_outsider_404_and_nothing_runs(client, bob, charlie,
         for url in ("backfill/", "backfill/preview/"):
             assert client.post(f"/schedules/{schedule.id}/{url}", form).status_code == expected
     assert not Occurrence.objects.filter(schedule=schedule).exists()
+
+
+def _dialog_values(page: str) -> dict[str, str]:
+    return dict(re.findall(r'id="backfill-(from|to)" value="([^"]*)"', page))
+
+
+@time_machine.travel(datetime(2026, 12, 3, 23, 45, 30, tzinfo=UTC), tick=False)
+def test_the_backfill_dialog_opens_on_a_range_that_fits_in_24_hour_utc(client, alice, tenant_a):
+    # given: an every-minute rule (1,440 instants a day, over the cap) and an hourly one
+    minutely = rows.schedule(tenant_a, name="minutely", expression="* * * * *")
+    hourly = rows.schedule(tenant_a, name="hourly")
+    client.force_login(alice)
+
+    # when: each page is opened and the dialog's default range previewed as it opens
+    ranges = {s.name: _dialog_values(client.get(f"/schedules/{s.id}/").content.decode())
+              for s in (minutely, hourly)}  # fmt: skip
+    preview = client.post(
+        f"/schedules/{minutely.id}/backfill/preview/", {**ranges["minutely"], "only": "all"}
+    )
+
+    # then: the last hour for the minutely rule, the last 24 h for the hourly; 24-hour UTC
+    assert ranges["minutely"] == {"from": "2026-12-03 22:45", "to": "2026-12-03 23:45"}
+    assert ranges["hourly"] == {"from": "2026-12-02 23:45", "to": "2026-12-03 23:45"}
+    assert preview.context["errors"] == {} and preview.context["preview"].instants == 60
+    assert "error" not in preview.content.decode()

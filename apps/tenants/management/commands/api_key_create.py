@@ -3,11 +3,13 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
+from apps.tenants.errors import RefusedRequest
 from apps.tenants.models import Membership, Tenant
-from apps.tenants.services import api_key_create
+from apps.tenants.services import OPERATOR_ACTOR, api_key_create
 
 
 class Command(BaseCommand):
@@ -32,12 +34,18 @@ class Command(BaseCommand):
         if days is not None and days <= 0:
             raise CommandError("--expires-in-days must be positive")
         expires_at = timezone.now() + timedelta(days=days) if days else None
-        key, raw = api_key_create(
-            tenant=tenant,
-            name=options["name"],
-            expires_at=expires_at,
-            role=Membership.Role(options["role"]),
-        )
+        try:
+            key, raw = api_key_create(
+                tenant=tenant,
+                name=options["name"],
+                expires_at=expires_at,
+                role=Membership.Role(options["role"]),
+                actor=OPERATOR_ACTOR,
+            )
+        except ValidationError as err:
+            raise CommandError(f"--name: {' '.join(err.messages)}") from None
+        except RefusedRequest as err:
+            raise CommandError(err.message) from None
         until = expires_at.isoformat() if expires_at else "never"
         self.stdout.write(f"key {key.prefix}… ({key.role}) for {tenant.slug}, expires {until}")
         self.stdout.write(raw)

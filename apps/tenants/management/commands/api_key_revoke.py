@@ -4,7 +4,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from apps.tenants.services import api_key_revoke
+from apps.tenants.services import OPERATOR_ACTOR, api_key_revoke
 
 
 class Command(BaseCommand):
@@ -14,7 +14,7 @@ class Command(BaseCommand):
         parser.add_argument("prefix")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        revoked = api_key_revoke(prefix=options["prefix"])
+        revoked = api_key_revoke(prefix=options["prefix"], actor=OPERATOR_ACTOR)
         if not revoked:
             raise CommandError(f"no unrevoked key with prefix {options['prefix']!r}")
         for key in revoked:

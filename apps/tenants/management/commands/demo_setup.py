@@ -8,14 +8,17 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from apps.schedules.models import Schedule
 from apps.schedules.services import ScheduleSpec, schedule_create
-from apps.tenants.models import Tenant
+from apps.tenants.models import ApiKey, Tenant
 from apps.tenants.services import (
     DEMO_PASSWORD,
     api_key_create,
+    api_keys_revoke,
     demo_user_ensure,
     membership_grant,
     tenant_create,
 )
+
+DEMO_KEY_NAME = "make run"
 
 
 class Command(BaseCommand):
@@ -61,7 +64,13 @@ class Command(BaseCommand):
                 ),
                 actor="demo_setup",
             )
-        _, raw = api_key_create(tenant=tenant, name="make run")
+        # One demo key at a time: each run replaces the previous run's (the tenant's keys are
+        # capped, and an unused credential is no use lying around).
+        previous = ApiKey.objects.filter(
+            tenant=tenant, name=DEMO_KEY_NAME, created_by__isnull=True, revoked_at__isnull=True
+        )
+        api_keys_revoke(key_ids=list(previous.values_list("pk", flat=True)), actor="demo_setup")
+        _, raw = api_key_create(tenant=tenant, name=DEMO_KEY_NAME, actor="demo_setup")
         base = f"http://127.0.0.1:{options['port']}"
         if password is not None:
             self.stdout.write(f"login: user demo / {password} (tenant UI and admin)")

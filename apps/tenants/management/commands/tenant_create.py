@@ -2,10 +2,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from apps.tenants.models import Tenant
-from apps.tenants.services import api_key_create, tenant_create
+from apps.tenants.services import OPERATOR_ACTOR, api_key_create, tenant_create
 
 
 class Command(BaseCommand):
@@ -19,8 +20,13 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         if Tenant.objects.filter(slug=options["slug"]).exists():
             raise CommandError(f"tenant {options['slug']!r} already exists")
-        tenant = tenant_create(slug=options["slug"], name=options["name"])
+        try:
+            tenant = tenant_create(slug=options["slug"], name=options["name"])
+        except ValidationError as err:
+            raise CommandError(f"--name: {' '.join(err.messages)}") from None
         self.stdout.write(f"created tenant {tenant.slug} ({tenant.id})")
         if options["api_key"]:
-            _, raw = api_key_create(tenant=tenant, name="created by tenant_create")
+            _, raw = api_key_create(
+                tenant=tenant, name="created by tenant_create", actor=OPERATOR_ACTOR
+            )
             self.stdout.write(raw)

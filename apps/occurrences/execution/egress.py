@@ -1,0 +1,282 @@
+"""Every outbound HTTP call Tick makes for a tenant (the webhook handler's, alert webhooks'),
+under one total wall-clock deadline.
+
+Per-socket timeouts bound each read, not the call: a receiver that answers `HTTP/1.1 200 OK`
+and then one header byte every few seconds never trips a 30 s read timeout and holds the
+calling worker slot for as long as it likes. So each call gets a `CallDeadline`:
+- the DNS lookup runs on a helper thread the caller stops waiting for at the deadline
+  (getaddrinfo cannot be interrupted; the abandoned thread ends when the resolver gives up);
+- connecting waits at most the connect timeout, never past the deadline;
+- a watchdog thread, outside the socket reads, shuts the connection's socket down at the
+  deadline (or as soon as the caller's cancel event is set): a read blocked in it returns at
+  once, whatever the receiver does, and the call fails with `EgressDeadlineExceeded`
+  (transient). A call not finished by its deadline failed, even if some bytes came back.
+The SSRF guard (ssrf.py) runs inside the same deadline: resolve once, check every address,
+connect to the checked one. Callers: webhook.py (signing, the status's meaning), and through
+it the webhook handler and alert delivery (docs/security.md, "Outbound calls").
+"""
+
+from __future__ import annotations
+
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Collection
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+import urllib3
+from django.conf import settings
+from urllib3.connection import HTTPConnection, HTTPSConnection
+from urllib3.exceptions import HTTPError as Urllib3Error
+from urllib3.exceptions import SSLError as Urllib3SSLError
+
+from apps.occurrences.execution.handlers import PermanentError, TransientError
+from apps.occurrences.execution.ssrf import Allowlist, ResolvedTarget, SSRFRefused, resolve_target
+from apps.occurrences.observability import metrics
+
+# How often the watchdog looks at the caller's cancel event (the deadline itself is exact).
+CANCEL_POLL_S = 0.5
+# Bytes of the response body kept (for the error message); the rest is never read.
+SNIPPET_BYTES = 512
+
+
+class EgressDeadlineExceeded(TransientError):
+    """The call did not finish within its total deadline (or its caller was canceled)."""
+
+
+@dataclass(frozen=True)
+class EgressResponse:
+    status: int
+    snippet: bytes  # the first SNIPPET_BYTES of the body
+    location: str | None
+    retry_after: str | None
+
+
+def egress_deadline_s(run_limit_s: float | None = None) -> float:
+    """The total deadline of one call: `TICK_EGRESS_DEADLINE_S`, never past the caller's own
+    remaining run time (a handler attempt's limit)."""
+    limit = float(settings.TICK_EGRESS_DEADLINE_S)
+    return limit if run_limit_s is None else max(0.001, min(limit, float(run_limit_s)))
+
+
+class CallDeadline:
+    """A total deadline for one call, kept by a watchdog thread while the block runs.
+
+    Sockets registered with `watch` are shut down (both directions) when the deadline passes
+    or `cancel` is set; `tripped` tells afterwards whether that happened."""
+
+    def __init__(self, seconds: float, *, cancel: threading.Event | None = None) -> None:
+        self.seconds = seconds
+        self.cancel = cancel
+        self.expires_at = time.monotonic() + seconds
+        self.tripped = threading.Event()
+        self.reason = ""
+        self._done = threading.Event()
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
+        self._watchdog = threading.Thread(target=self._watch, name="tick-egress", daemon=True)
+
+    def __enter__(self) -> CallDeadline:
+        self._watchdog.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._done.set()
+        self._watchdog.join()
+        with self._lock:
+            sockets, self._sockets = self._sockets, []
+        for sock in sockets:
+            sock.close()
+
+    def remaining(self) -> float:
+        return max(0.0, self.expires_at - time.monotonic())
+
+    def check(self) -> None:
+        """Raise EgressDeadlineExceeded if the deadline passed or the caller was canceled."""
+        if self.tripped.is_set() or self.remaining() <= 0:
+            self._trip(self.reason or "deadline")
+            raise self.error()
+
+    def error(self) -> EgressDeadlineExceeded:
+        if self.reason == "canceled":
+            return EgressDeadlineExceeded("outbound call stopped: its run was asked to stop")
+        return EgressDeadlineExceeded(
+            f"outbound call exceeded its total deadline of {self.seconds:g} s"
+        )
+
+    def watch(self, sock: socket.socket) -> None:
+        """Shut `sock`'s connection down at the deadline. A duplicate descriptor is kept:
+        shutting it down ends the connection even after TLS took the original over."""
+        dup = sock.dup()
+        with self._lock:
+            if not self.tripped.is_set():
+                self._sockets.append(dup)
+                return
+        _shut(dup)
+        dup.close()
+
+    def _watch(self) -> None:
+        while True:
+            left = self.remaining()
+            if left <= 0:
+                self._trip("deadline")
+                return
+            if self.cancel is not None and self.cancel.is_set():
+                self._trip("canceled")
+                return
+            wait_s = left if self.cancel is None else min(left, CANCEL_POLL_S)
+            if self._done.wait(wait_s):
+                return
+
+    def _trip(self, reason: str) -> None:
+        with self._lock:
+            if self.tripped.is_set():
+                return
+            self.reason = reason
+            self.tripped.set()
+            sockets = list(self._sockets)
+        for sock in sockets:
+            _shut(sock)
+
+
+def _shut(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:  # already closed or never connected: nothing left to stop
+        pass
+
+
+class _WatchedHTTPConnection(HTTPConnection):
+    def __init__(self, *args: Any, egress_deadline: CallDeadline, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._egress_deadline = egress_deadline
+
+    def _new_conn(self) -> socket.socket:
+        sock = super()._new_conn()
+        self._egress_deadline.watch(sock)
+        return sock
+
+
+class _WatchedHTTPSConnection(HTTPSConnection):
+    def __init__(self, *args: Any, egress_deadline: CallDeadline, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._egress_deadline = egress_deadline
+
+    def _new_conn(self) -> socket.socket:
+        # Watched before the TLS handshake, which a hostile receiver can stretch as well.
+        sock = super()._new_conn()
+        self._egress_deadline.watch(sock)
+        return sock
+
+
+def _pool(resolved: ResolvedTarget, deadline: CallDeadline) -> urllib3.HTTPConnectionPool:
+    target = resolved.target
+    address = str(resolved.address)
+    remaining = max(0.001, deadline.remaining())
+    timeout = urllib3.Timeout(
+        connect=min(settings.TICK_WEBHOOK_CONNECT_TIMEOUT_S, remaining),
+        read=min(settings.TICK_WEBHOOK_READ_TIMEOUT_S, remaining),
+    )
+    pool: urllib3.HTTPConnectionPool
+    if target.scheme == "https":
+        pool = urllib3.HTTPSConnectionPool(
+            address, target.port, timeout=timeout, retries=False, maxsize=1,
+            server_hostname=target.host, assert_hostname=target.host,
+            cert_reqs="CERT_REQUIRED", egress_deadline=deadline,
+        )  # fmt: skip
+        pool.ConnectionCls = _WatchedHTTPSConnection
+        return pool
+    pool = urllib3.HTTPConnectionPool(
+        address, target.port, timeout=timeout, retries=False, maxsize=1, egress_deadline=deadline
+    )
+    pool.ConnectionCls = _WatchedHTTPConnection
+    return pool
+
+
+def _resolve_within(
+    url: str, *, allowlist: Allowlist, extra_ports: Collection[int], deadline: CallDeadline
+) -> ResolvedTarget:
+    """`resolve_target` on a helper thread, waited for until the deadline at most."""
+    outcome: dict[str, Any] = {}
+
+    def lookup() -> None:
+        try:
+            outcome["target"] = resolve_target(url, allowlist=allowlist, extra_ports=extra_ports)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller below
+            outcome["error"] = exc
+
+    helper = threading.Thread(target=lookup, name="tick-egress-dns", daemon=True)
+    helper.start()
+    helper.join(deadline.remaining())
+    if helper.is_alive():
+        deadline.check()  # past the deadline: raises
+    if "error" in outcome:
+        raise outcome["error"]
+    target: ResolvedTarget = outcome["target"]
+    return target
+
+
+def egress_post(
+    *,
+    url: str,
+    body: bytes,
+    headers: dict[str, str],
+    allowlist: Allowlist,
+    extra_ports: Collection[int],
+    deadline_s: float,
+    cancel: threading.Event | None = None,
+) -> EgressResponse:
+    """POST `body` to `url` through the SSRF guard (the checked address is the one connected
+    to; no redirects, no proxy from the environment), all of it within `deadline_s`; the
+    `Host` header is set here. Returns the response's status and first bytes whatever the
+    status; raises PermanentError (a refused target or TLS certificate) or TransientError
+    (DNS, connection, timeout, `EgressDeadlineExceeded`)."""
+    with CallDeadline(deadline_s, cancel=cancel) as deadline:
+        try:
+            resolved = _resolve_within(
+                url, allowlist=allowlist, extra_ports=extra_ports, deadline=deadline
+            )
+        except SSRFRefused as exc:
+            metrics.webhook_refused.inc()
+            raise PermanentError(f"webhook target refused: {exc}") from None
+        except OSError as exc:  # DNS failure: may be temporary
+            raise TransientError(f"could not resolve webhook host: {exc}") from None
+        deadline.check()
+        pool = _pool(resolved, deadline)
+        try:
+            response = pool.urlopen(
+                "POST", resolved.target.request_path, body=body,
+                headers={**headers, "Host": resolved.target.host_header},
+                redirect=False, retries=False, preload_content=False, assert_same_host=False,
+            )  # fmt: skip
+            try:
+                snippet = response.read(SNIPPET_BYTES, decode_content=False)
+            finally:
+                response.release_conn()
+        except Urllib3SSLError as exc:
+            deadline.check()
+            if isinstance(
+                exc.__context__, ssl.SSLCertVerificationError
+            ) or "CERTIFICATE_VERIFY" in str(exc):
+                raise PermanentError(f"webhook TLS certificate refused: {exc}") from None
+            raise TransientError(f"webhook TLS error: {exc}") from None
+        except (Urllib3Error, OSError) as exc:
+            deadline.check()
+            raise TransientError(f"webhook request failed: {exc}") from None
+        finally:
+            pool.close()
+        deadline.check()  # a call that ended only because its socket was shut down failed
+    return EgressResponse(
+        response.status,
+        snippet,
+        location=response.headers.get("Location"),
+        retry_after=response.headers.get("Retry-After"),
+    )
