@@ -46,7 +46,7 @@ def pool_of_one(rows: None) -> Iterator[PrivatePgBouncer]:
 
 
 def _clients(tenant: Tenant, user: Any) -> tuple[APIClient, Client]:
-    _, raw = api_key_create(tenant=tenant, name="pool")
+    _, raw = api_key_create(actor="test", tenant=tenant, name="pool")
     api = APIClient(raise_request_exception=False)
     api.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
     web = Client(raise_request_exception=False)
