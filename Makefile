@@ -9,7 +9,7 @@ ENV_FILE := .run/services.env
 export DJANGO_DEBUG ?= 1
 
 .PHONY: run test lint pytest pytest-pooler install services services-stop migrate schema clean browsers \
-	pgbouncer
+	pgbouncer ha-packages patroni
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -63,6 +63,19 @@ pgbouncer:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
 	  apt-get install -y -qq --no-install-recommends pgbouncer; }
 
+# etcd, Patroni and HAProxy (Debian's packages) for the failover tests; the packaged services
+# stay off (no systemd here; elsewhere `systemctl disable` them if only the tests need them).
+ha-packages:
+	@test -x /usr/bin/patroni -a -x /usr/bin/etcd -a -x /usr/sbin/haproxy || { \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	  apt-get install -y -qq --no-install-recommends patroni etcd-server haproxy; }
+
+# A private etcd + two PostgreSQL nodes under Patroni + HAProxy on their own ports and data
+# directories (docs/operations.md "PostgreSQL under Patroni"); prints its DATABASE_URL, Ctrl-C
+# removes it.
+patroni: install ha-packages
+	$(BIN)/python scripts/patroni_cluster.py
+
 # API, web and engine tests again with every connection through a private PgBouncer in
 # transaction mode (conftest.py `_through_pgbouncer`): the slower pooler group.
 POOLER_SUITE := apps/tenants/tests/test_rls.py apps/tenants/tests/test_pooler_leak.py \
@@ -77,7 +90,7 @@ POOLER_SUITE := apps/tenants/tests/test_rls.py apps/tenants/tests/test_pooler_le
 pytest-pooler: services pgbouncer
 	set -a && source $(ENV_FILE) && set +a && TICK_TEST_PGBOUNCER=1 $(BIN)/pytest $(POOLER_SUITE)
 
-pytest: services browsers pgbouncer
+pytest: services browsers pgbouncer ha-packages
 	set -a && source $(ENV_FILE) && set +a && $(BIN)/pytest
 	$(MAKE) --no-print-directory pytest-pooler
 
