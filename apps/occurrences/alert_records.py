@@ -3,8 +3,9 @@
 An alert row is written by the same statement (or transaction) that sends an occurrence DEAD
 or records a schedule's MISSED/COMPLETED event, so a committed change always has its alerts
 and a rolled-back one has none. Ids are deterministic (rule + subject): recording the same
-event again stores nothing new. With no matching rule the join is empty and costs one index
-probe on the rules.
+event again stores nothing new. Only enabled rules of enabled, confirmed channels record (an
+e-mail channel is confirmed by its address: alerts/confirm.py). With no matching rule the
+join is empty and costs one index probe on the rules.
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ def dead_alerts_cte(name: str, source: str) -> str:
         JOIN occurrences_alertrule r
           ON r.tenant_id = src.tenant_id AND r.event = %(alert_dead_event)s AND r.enabled
          AND (r.schedule_id IS NULL OR r.schedule_id = src.schedule_id)
-        JOIN occurrences_alertchannel c ON c.id = r.channel_id AND c.enabled
+        JOIN occurrences_alertchannel c
+          ON c.id = r.channel_id AND c.enabled AND c.confirmed_at IS NOT NULL
         JOIN schedules_schedule s ON s.id = src.schedule_id
         ON CONFLICT (id) DO NOTHING
         RETURNING 1
@@ -99,7 +101,8 @@ _SCHEDULE_EVENTS = """
      AND r.event = CASE WHEN e.kind = %(missed_kind)s THEN %(missed_event)s
                         ELSE %(completed_event)s END
      AND (r.schedule_id IS NULL OR r.schedule_id = e.schedule_id)
-    JOIN occurrences_alertchannel c ON c.id = r.channel_id AND c.enabled
+    JOIN occurrences_alertchannel c
+      ON c.id = r.channel_id AND c.enabled AND c.confirmed_at IS NOT NULL
     JOIN schedules_schedule s ON s.id = e.schedule_id
     WHERE e.id = ANY(%(ids)s) AND e.kind IN (%(missed_kind)s, %(completed_kind)s)
     ON CONFLICT (id) DO NOTHING

@@ -29,6 +29,7 @@ from apps.occurrences.alerts.configure import (
     rule_update,
     send_test_alert,
 )
+from apps.occurrences.alerts.confirm import confirmation_resend
 from apps.occurrences.alerts.history import alerts_history
 from apps.occurrences.models import AlertChannel, AlertRule
 from apps.occurrences.serializers import (
@@ -60,6 +61,8 @@ _DESCRIBED: dict[int | str, str] = {
     413: "Request body over the size cap.",
     415: "Only application/json bodies are accepted.",
     429: "Per-key rate limit; retry after `Retry-After` seconds.",
+    "409-confirm": "The channel is confirmed already (or a webhook): no mail to send.",
+    "409-unconfirmed": "An e-mail channel whose address has not confirmed it yet.",
     "429-mail": (
         "Per-key rate limit, or the tenant's hourly share of this kind of mail is spent; "
         "retry after `Retry-After` seconds."
@@ -166,11 +169,15 @@ class AlertChannelListCreate(AlertView):
     @extend_schema(
         request=AlertChannelInputSerializer,
         parameters=[IDEMPOTENCY_KEY],
-        responses={201: AlertChannelSerializer, **_errors(*_BODY, 409, *_COMMON)},
+        responses={201: AlertChannelSerializer, **_errors(*_BODY, 409, 401, "429-mail")},
     )
     def post(self, request: Request) -> Response:
         """Add a channel: an e-mail address, or a webhook URL that passes the same address
-        guard as the webhook handler (checked again at every send)."""
+        guard as the webhook handler (checked again at every send). An e-mail address must
+        have a public domain (no IP literal, no dotless or local host) and starts
+        `confirmation: pending`: a link is mailed to it, and nothing is recorded or sent for
+        the channel until it is followed (the mail counts against
+        `TICK_ALERT_CONFIRMATIONS_PER_HOUR`: 429 beyond)."""
         principal = principal_of(request)
 
         def make() -> tuple[int, Any]:
@@ -195,11 +202,12 @@ class AlertChannelDetail(AlertView):
 
     @extend_schema(
         request=AlertChannelInputSerializer(partial=True),
-        responses={200: AlertChannelSerializer, **_errors(*_BODY, 404, *_COMMON)},
+        responses={200: AlertChannelSerializer, **_errors(*_BODY, 404, 401, "429-mail")},
     )
     def patch(self, request: Request, channel_id: Any) -> Response:
         """The given fields replace the saved ones; the whole is validated as on create.
-        `enabled: false` stops new alerts for the channel (its rules are kept)."""
+        `enabled: false` stops new alerts for the channel (its rules are kept). A new e-mail
+        address is pending again until it follows the link mailed to it."""
         principal = principal_of(request)
         channel = access_channel(tenant=principal.tenant, channel_id=channel_id)
         body = AlertChannelInputSerializer(
@@ -221,13 +229,15 @@ class AlertChannelDetail(AlertView):
 
 class AlertChannelTest(AlertView):
     @extend_schema(
-        request=None, responses={202: TestAlertSerializer, **_errors(404, 401, "429-mail")}
+        request=None,
+        responses={202: TestAlertSerializer, **_errors(404, "409-unconfirmed", 401, "429-mail")},
     )
     def post(self, request: Request, channel_id: Any) -> Response:
         """Record a test alert for the channel. The reaper sends it through the same path as
         real alerts, after the coalescing wait and within the channel's interval (a digest);
         follow it in GET /api/v1/alerts. At most `TICK_ALERT_TESTS_PER_HOUR` (10) per tenant
-        and hour: 429 `rate_limited` with `Retry-After` beyond."""
+        and hour: 429 `rate_limited` with `Retry-After` beyond. An e-mail channel whose address
+        has not confirmed it: 409 `channel_not_confirmed`."""
         principal = principal_of(request)
         channel = access_channel(tenant=principal.tenant, channel_id=channel_id)
         alert = send_test_alert(channel=channel, actor=principal.actor)
@@ -235,6 +245,23 @@ class AlertChannelTest(AlertView):
             {"alert_id": str(alert.id), "channel_id": str(channel.id)},
             status=status.HTTP_202_ACCEPTED,
         )
+
+
+class AlertChannelConfirmation(AlertView):
+    @extend_schema(
+        request=None,
+        responses={202: AlertChannelSerializer, **_errors(404, "409-confirm", 401, "429-mail")},
+    )
+    def post(self, request: Request, channel_id: Any) -> Response:
+        """Mail a new confirmation link to a pending e-mail channel's address; the earlier
+        link stops working. Once per channel a minute and
+        `TICK_ALERT_CONFIRMATIONS_PER_HOUR` (10) per tenant and hour (creations and address
+        changes included): 429 `rate_limited` with `Retry-After` beyond. A confirmed channel:
+        409 `already_confirmed`."""
+        principal = principal_of(request)
+        channel = access_channel(tenant=principal.tenant, channel_id=channel_id)
+        channel = confirmation_resend(channel=channel, actor=principal.actor)
+        return Response(AlertChannelSerializer(channel).data, status=status.HTTP_202_ACCEPTED)
 
 
 class AlertRuleListCreate(AlertView):

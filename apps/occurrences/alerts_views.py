@@ -28,11 +28,17 @@ from apps.occurrences.alerts.configure import (
     rule_update,
     send_test_alert,
 )
+from apps.occurrences.alerts.confirm import (
+    channel_confirm,
+    confirmation_for_token,
+    confirmation_resend,
+)
 from apps.occurrences.alerts.history import alerts_history, delivery_state
 from apps.occurrences.alerts.lag import DEFAULT_THRESHOLD_S, DEFAULT_WINDOW_MINUTES
 from apps.occurrences.forms import AlertChannelForm, AlertRuleForm, show_config_errors
 from apps.occurrences.models import LAG_EVENTS, AlertChannel, AlertRule
 from apps.tenants.errors import RefusedRequest
+from apps.tenants.page_lists import page_list
 from apps.tenants.pagination import web_page
 from apps.tenants.web import actor_of, admin_only, tenant_page, tick_of
 
@@ -52,8 +58,8 @@ def _page(
     )
     rules = AlertRule.objects.filter(tenant=tenant).select_related("channel", "schedule")
     context: dict[str, Any] = {
-        "channels": AlertChannel.objects.filter(tenant=tenant),
-        "rules": rules,
+        "channels": page_list(request, "channels", AlertChannel.objects.filter(tenant=tenant)),
+        "rules": page_list(request, "rules", rules),
         "lag_events": [str(e) for e in LAG_EVENTS],
         "default_threshold_s": DEFAULT_THRESHOLD_S,
         "default_window_minutes": DEFAULT_WINDOW_MINUTES,
@@ -86,8 +92,16 @@ def alert_channel_add(request: HttpRequest) -> HttpResponse:
             )
         except AlertConfigError as exc:
             show_config_errors(form, exc)
+        except RefusedRequest as refused:
+            form.add_error(None, refused.message)
         else:
-            messages.success(request, f"Channel “{channel.name}” added.")
+            pending = (
+                f" A confirmation link was mailed to {channel.target}: nothing is sent there "
+                "until it is followed."
+                if channel.confirmed_at is None
+                else ""
+            )
+            messages.success(request, f"Channel “{channel.name}” added.{pending}")
             return redirect("alerts")
     return _page(request, channel_form=form, status=400)
 
@@ -136,6 +150,36 @@ def alert_channel_test(request: HttpRequest, channel_id: uuid.UUID) -> HttpRespo
         "pass. Its delivery state is in the history below.",
     )
     return redirect("alerts")
+
+
+@tenant_page
+@require_POST
+def alert_channel_confirmation(request: HttpRequest, channel_id: uuid.UUID) -> HttpResponse:
+    admin_only(request)
+    channel = access_channel(tenant=tick_of(request).tenant, channel_id=channel_id)
+    try:
+        confirmation_resend(channel=channel, actor=actor_of(request))
+    except RefusedRequest as refused:
+        messages.error(request, f"No confirmation mail for “{channel.name}”: {refused.message}")
+    else:
+        messages.success(request, f"A new confirmation link was mailed to {channel.target}.")
+    return redirect("alerts")
+
+
+def alert_channel_confirm(request: HttpRequest, token: str) -> HttpResponse:
+    """The link of a confirmation mail (signed in or not): shows what it confirms; the
+    "Confirm" button (a POST) confirms. Mail scanners that open links confirm nothing."""
+    link = confirmation_for_token(token)
+    if link is None:
+        return render(request, "tick/alert_channel_confirm.html", {"invalid": True}, status=404)
+    if request.method == "POST":
+        confirmed = channel_confirm(token)
+        return render(
+            request, "tick/alert_channel_confirm.html",
+            {"link": link, "confirmed": confirmed is not None},
+            status=200 if confirmed is not None else 404,
+        )  # fmt: skip
+    return render(request, "tick/alert_channel_confirm.html", {"link": link})
 
 
 @tenant_page

@@ -33,6 +33,11 @@ urlpatterns += [
         alerts_api.AlertChannelTest.as_view(),
         name="alert-channel-test",
     ),
+    path(
+        "alert-channels/<uuid:channel_id>/confirmation",
+        alerts_api.AlertChannelConfirmation.as_view(),
+        name="alert-channel-confirmation",
+    ),
     path("alert-rules", alerts_api.AlertRuleListCreate.as_view(), name="alert-rule-list"),
     path(
         "alert-rules/<uuid:rule_id>", alerts_api.AlertRuleDetail.as_view(), name="alert-rule-detail"

@@ -120,9 +120,17 @@ class AlertChannelSerializer(serializers.ModelSerializer[AlertChannel]):
         "TICK_ALERT_CHANNEL_INTERVAL_S); null if never.",
     )
 
+    confirmation = serializers.ChoiceField(
+        choices=["pending", "confirmed"],
+        read_only=True,
+        help_text="pending: an e-mail channel whose address has not followed the link mailed "
+        "to it yet; nothing is recorded or sent for it. Webhook channels are confirmed.",
+    )
+
     class Meta:
         model = AlertChannel
-        fields = ["id", "name", "kind", "target", "enabled", "created_at", "last_sent_at"]
+        fields = ["id", "name", "kind", "target", "enabled", "confirmation", "created_at",
+                  "last_sent_at"]  # fmt: skip
         read_only_fields = fields
 
 

@@ -27,6 +27,16 @@ urlpatterns = [
         alerts_views.alert_channel_test,
         name="alert-channel-test",
     ),
+    path(
+        "alerts/channels/<uuid:channel_id>/confirmation/",
+        alerts_views.alert_channel_confirmation,
+        name="alert-channel-confirmation",
+    ),
+    path(
+        "alerts/confirm/<str:token>/",
+        alerts_views.alert_channel_confirm,
+        name="alert-channel-confirm",
+    ),  # fmt: skip
     path("alerts/rules/", alerts_views.alert_rule_add, name="alert-rule-add"),
     path(
         "alerts/rules/<uuid:rule_id>/toggle/",

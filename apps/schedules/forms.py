@@ -42,7 +42,8 @@ class ScheduleForm(forms.Form):
     expression = forms.CharField(
         max_length=200, required=False, label="Cron expression",
         help_text="Five fields (minute hour day-of-month month day-of-week) or @hourly, "
-        "@daily, @weekly, @monthly, @yearly — on the zone's wall clock.",
+        "@daily, @weekly, @monthly, @yearly — on the zone's wall clock. Days also as L (last), "
+        "LW, 15W (nearest weekday), FRI#3, FRIL (last Friday).",
     )  # fmt: skip
     run_at = forms.CharField(
         max_length=64, required=False, label="Run at",

@@ -37,6 +37,7 @@ from apps.occurrences.schedule_changes import (
 )
 from apps.occurrences.schedule_health import (
     FAILING_BELOW,
+    HEALTH_WINDOW,
     LATE_AFTER,
     RATE_OVER,
     HealthFilter,
@@ -69,6 +70,7 @@ from apps.schedules.services import (
     schedule_preview_saved,
 )
 from apps.schedules.timerules import TimeRuleError
+from apps.tenants.page_lists import PageList, page_list
 from apps.tenants.pagination import (
     WEB_CURSOR,
     InvalidCursor,
@@ -80,7 +82,9 @@ from apps.tenants.pagination import (
 from apps.tenants.web import actor_of, admin_only, tenant_page, tick_of
 
 PAGE_SIZE = 25
-RECENT_OCCURRENCES = 20
+# The schedule page's recent occurrences after "Show more" (10 before); the rest are on the
+# occurrence list, filtered to the schedule.
+RECENT_OCCURRENCES = 100
 # Recent occurrences are read from this window of day partitions only.
 RECENT_WINDOW = timedelta(days=7)
 
@@ -130,6 +134,8 @@ def schedule_list(request: HttpRequest) -> HttpResponse:
         "rows": [(s, h, next_runs[s.id], schedule_in_words(s)) for s, h in rows],
         **pager, "state": state, "kind": kind, "q": q, "handler": handler,
         "health": want.value if want else "", "scanned": scanned, "now": now,
+        # Created within the health window without a run yet: "new", not "no run in 7 days".
+        "health_since": now - HEALTH_WINDOW,
         "errors": errors + ([page_error] if page_error else []),
         "states": Schedule.State.choices, "nav": "schedules", "rate_over": RATE_OVER,
         "failing_below": round(FAILING_BELOW * 100),
@@ -173,25 +179,32 @@ def _version_changes(versions: list[ScheduleVersion]) -> list[dict[str, Any]]:
     return list(reversed(rows))
 
 
-def _recent_occurrences(schedule: Schedule, now: datetime) -> list[dict[str, Any]]:
-    occurrences = list(
+def _recent_occurrences(request: HttpRequest, schedule: Schedule, now: datetime) -> PageList:
+    """The schedule's latest occurrences, each with its attempt count and last attempt (one
+    query for the page's rows: the attempts themselves are on the occurrence's page)."""
+    recent = page_list(request, "recent", (
         occurrences_for(tenant=schedule.tenant)
         .filter(
             schedule_id=schedule.id,
             scheduled_for__gte=now - RECENT_WINDOW,
             scheduled_for__lt=now + timedelta(days=1),
         )
-        .order_by("-scheduled_for", "-id")[:RECENT_OCCURRENCES]
-    )
-    attempts: dict[uuid.UUID, list[Attempt]] = {}
-    if occurrences:
-        for attempt in Attempt.objects.filter(
-            tenant_id=schedule.tenant_id,
-            occurrence_id__in=[o.id for o in occurrences],
-            scheduled_for__in={o.scheduled_for for o in occurrences},
-        ).order_by("attempt_no"):
-            attempts.setdefault(attempt.occurrence_id, []).append(attempt)
-    return [{"occ": o, "attempts": attempts.get(o.id, [])} for o in occurrences]
+        .order_by("-scheduled_for", "-id")
+    ), expanded_cap=RECENT_OCCURRENCES)  # fmt: skip
+    last: dict[uuid.UUID, Attempt] = {}
+    if recent.rows:
+        for attempt in (
+            Attempt.objects.filter(
+                tenant_id=schedule.tenant_id,
+                occurrence_id__in=[o.id for o in recent.rows],
+                scheduled_for__in={o.scheduled_for for o in recent.rows},
+            )
+            .order_by("occurrence_id", "scheduled_for", "-attempt_no")
+            .distinct("occurrence_id", "scheduled_for")
+        ):
+            last[attempt.occurrence_id] = attempt
+    rows = [{"occ": o, "last": last.get(o.id)} for o in recent.rows]
+    return PageList(recent.name, rows, recent.more, recent.expanded)
 
 
 def _detail(
@@ -204,15 +217,19 @@ def _detail(
 ) -> HttpResponse:
     now = timezone.now()
     versions = list(ScheduleVersion.objects.filter(schedule=schedule).order_by("version"))
-    events = list(ScheduleEvent.objects.filter(schedule=schedule).order_by("-at", "-id")[:100])
+    events = ScheduleEvent.objects.filter(schedule=schedule).order_by("-at", "-id")
     # Only an active schedule fires: a paused one shows its state, not the instants its
     # pause canceled (docs/ui.md).
     active = schedule.state == Schedule.State.ACTIVE
     return render(request, "tick/schedule_detail.html", {
-        "schedule": schedule, "versions": _version_changes(versions), "events": events,
+        "schedule": schedule,
+        "versions": page_list(request, "versions", _version_changes(versions)),
+        "events": page_list(request, "events", events),
         "next_run": next_runs_shown([schedule], now=now)[schedule.id],
         "preview": schedule_preview_saved(schedule=schedule, count=10, now=now) if active else [],
-        "recent": _recent_occurrences(schedule, now), "receipt": result.receipt if result else None,
+        "recent": _recent_occurrences(request, schedule, now),
+        "recent_all": f"{reverse('occurrence-list')}?schedule={schedule.id}",
+        "receipt": result.receipt if result else None,
         "dst_changes": schedule_dst_changes(timing=schedule, now=now),
         "words": schedule_in_words(schedule),
         "nav": "schedules", **_manual_context(schedule, manual, now),

@@ -23,3 +23,10 @@ class TenantsConfig(AppConfig):
         # membership deleted any other way (an account deleted in the admin cascades) still
         # takes its keys with it.
         pre_delete.connect(membership_deleted, sender=Membership, dispatch_uid="tick-member-keys")
+        from django.db.models.signals import post_migrate
+
+        from apps.tenants import rls
+
+        # Every `migrate` stores the staff claims' key derived from the current SECRET_KEY, so
+        # a rotated SECRET_KEY takes effect in the database at the next migrate.
+        post_migrate.connect(rls.staff_key_stored, sender=self, dispatch_uid="tick-staff-key")

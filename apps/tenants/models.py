@@ -11,6 +11,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models.functions import Lower
 
+from apps.tenants.readable import instant_text
 from apps.tenants.text import refuse_control_characters
 
 # The most extra webhook ports one tenant may open (Tenant.webhook_allowed_ports).
@@ -150,7 +151,7 @@ class ApiKeyRateWindow(models.Model):
     count = models.PositiveIntegerField()
 
     def __str__(self) -> str:
-        return f"{self.api_key_id} {self.window_start.isoformat()} x{self.count}"
+        return f"{self.api_key_id} {instant_text(self.window_start)} x{self.count}"
 
 
 class TenantEvent(models.Model):

@@ -229,8 +229,8 @@ def api_key_expiry_check(*, current: datetime | None, wanted: datetime | None) -
         )
     if wanted > current:
         raise ValidationError(
-            f"An expiry can only be brought forward: choose a time before {current:%Y-%m-%d %H:%M} "
-            "UTC, or revoke the key and create a new one."
+            "An expiry can only be brought forward: choose a time before "
+            f"{current:%Y-%m-%d %H:%M:%S} UTC, or revoke the key and create a new one."
         )
 
 

@@ -42,6 +42,7 @@ from apps.tenants.members import (
 )
 from apps.tenants.models import ApiKey, Invitation, Membership, SigningSecret, TenantEvent
 from apps.tenants.no_store import shows_secret
+from apps.tenants.page_lists import page_list
 from apps.tenants.services import api_key_create, api_key_revoke_for_tenant
 from apps.tenants.signing import (
     access_signing_secret,
@@ -138,10 +139,12 @@ def api_keys(request: HttpRequest) -> HttpResponse:
                 messages.success(
                     request, f"Key {key.prefix}… created. Copy it now: it is shown once."
                 )
-    keys = (
+    keys = page_list(
+        request,
+        "keys",
         ApiKey.objects.filter(tenant=tick.tenant)
         .select_related("created_by")
-        .order_by("-created_at")[:200]
+        .order_by("-created_at"),
     )
     return render(
         request,
@@ -191,7 +194,9 @@ def signing_secrets(request: HttpRequest) -> HttpResponse:
                 request, f"Secret {row.prefix}… created. Copy it now: it is shown once."
             )
     now = timezone.now()
-    rows = [(secret, secret.status_at(now)) for secret in signing_secrets_of(tenant=tick.tenant)]
+    rows = page_list(request, "secrets", (
+        (secret, secret.status_at(now)) for secret in signing_secrets_of(tenant=tick.tenant)
+    ))  # fmt: skip
     response = render(
         request,
         "tick/signing.html",
@@ -244,15 +249,15 @@ def members(request: HttpRequest) -> HttpResponse:
                 messages.success(request, f"Invitation sent to {email}.")
                 return redirect("members")
     now = timezone.now()
-    invitations = [
+    invitations = page_list(request, "invitations", (
         (invitation, invitation.state_at(now))
-        for invitation in invitations_for(tenant=tick.tenant).filter(accepted_at__isnull=True)[:200]
-    ]
+        for invitation in invitations_for(tenant=tick.tenant).filter(accepted_at__isnull=True)
+    ))  # fmt: skip
     return render(
         request,
         "tick/members.html",
         {
-            "members": members_for(tenant=tick.tenant),
+            "members": page_list(request, "members", members_for(tenant=tick.tenant)),
             "invitations": invitations,
             "form": form,
             "roles": Membership.Role.choices,
@@ -416,7 +421,9 @@ def invitation_accept_view(request: HttpRequest, token: str) -> HttpResponse:
 @login_required
 def account(request: HttpRequest) -> HttpResponse:
     sessions = user_sessions(user=request.user, current_key=request.session.session_key)
-    return render(request, "tick/account.html", {"sessions": sessions, "nav": "account"})
+    return render(request, "tick/account.html", {
+        "sessions": page_list(request, "sessions", sessions), "nav": "account",
+    })  # fmt: skip
 
 
 @login_required

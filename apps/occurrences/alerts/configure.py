@@ -15,6 +15,11 @@ from django.db import transaction
 from django.http import Http404
 from django.utils import timezone
 
+from apps.occurrences.alerts.confirm import (
+    confirmation_start,
+    needs_confirmation,
+    refuse_unconfirmed,
+)
 from apps.occurrences.execution.ssrf import SSRFRefused, check_url
 from apps.occurrences.execution.webhook import allowlist
 from apps.occurrences.models import (
@@ -114,24 +119,35 @@ def channel_create(*, tenant: Tenant, spec: ChannelSpec, actor: str) -> AlertCha
         Tenant.objects.select_for_update().get(id=tenant.id)  # serialises the count check
         if AlertChannel.objects.filter(tenant=tenant).count() >= MAX_CHANNELS_PER_TENANT:
             raise AlertConfigError({"name": [f"At most {MAX_CHANNELS_PER_TENANT} channels."]})
+        now = timezone.now()
         channel = AlertChannel.objects.create(
             tenant=tenant, name=spec.name.strip(), kind=spec.kind, target=spec.target,
-            enabled=spec.enabled,
+            enabled=spec.enabled, confirmed_at=None if needs_confirmation(spec.kind) else now,
         )  # fmt: skip
         log_tenant_event(tenant=tenant, kind=TenantEvent.Kind.ALERT_CHANNEL_CHANGED, actor=actor,
                          action="created", channel=str(channel.id), name=channel.name)  # fmt: skip
+        if needs_confirmation(channel.kind):
+            confirmation_start(channel=channel, actor=actor, now=now)
     return channel
 
 
 def channel_update(*, channel: AlertChannel, spec: ChannelSpec, actor: str) -> AlertChannel:
     _check_channel(spec, channel.tenant)
     with transaction.atomic():
+        Tenant.objects.select_for_update(no_key=True).filter(id=channel.tenant_id).exists()
+        # A new address (or a channel that becomes e-mail) confirms again.
+        readdressed = (spec.kind, spec.target) != (channel.kind, channel.target)
         channel.name, channel.kind, channel.target = spec.name.strip(), spec.kind, spec.target
         channel.enabled = spec.enabled
-        channel.save(update_fields=["name", "kind", "target", "enabled"])
+        if not needs_confirmation(channel.kind) and channel.confirmed_at is None:
+            channel.confirmed_at, channel.confirmation_token_hash = timezone.now(), ""
+        channel.save(update_fields=["name", "kind", "target", "enabled", "confirmed_at",
+                                    "confirmation_token_hash"])  # fmt: skip
         log_tenant_event(tenant=channel.tenant, kind=TenantEvent.Kind.ALERT_CHANNEL_CHANGED,
                          actor=actor, action="updated", channel=str(channel.id),
                          name=channel.name)  # fmt: skip
+        if readdressed and needs_confirmation(channel.kind):
+            confirmation_start(channel=channel, actor=actor, now=timezone.now())
     return channel
 
 
@@ -216,7 +232,9 @@ def rule_delete(*, rule: AlertRule, actor: str) -> None:
 def send_test_alert(*, channel: AlertChannel, actor: str) -> Alert:
     """Record a test alert for the channel; the reaper sends it through the same path and
     waits as real alerts (coalescing, the channel interval). At most
-    TICK_ALERT_TESTS_PER_HOUR per tenant (MailRateLimited, 429, beyond)."""
+    TICK_ALERT_TESTS_PER_HOUR per tenant (MailRateLimited, 429, beyond); none for an e-mail
+    channel its address has not confirmed (NotConfirmed, 409)."""
+    refuse_unconfirmed(channel)
     with transaction.atomic():
         # Serialises the count with the tenant's other test requests.
         Tenant.objects.select_for_update(no_key=True).filter(id=channel.tenant_id).exists()

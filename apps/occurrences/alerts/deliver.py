@@ -194,6 +194,10 @@ def alert_deliver(delivery_id: UUID, *, now: datetime | None = None) -> AlertDel
         .values_list("event", "n")
     )
     message = render(delivery, tenant, alerts, counts)
+    if delivery.channel.confirmed_at is None:
+        # Grouped before its address changed; the new address has not confirmed the channel.
+        error = "the channel's e-mail address has not confirmed it; nothing sent"
+        return _finish(delivery, AlertDelivery.State.FAILED, error=error, now=now)
     try:
         send_message(delivery.channel, message)
     except PermanentError as exc:

@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 _PENDING_BY_CHANNEL = """
     SELECT a.channel_id, min(a.fired_at)
     FROM occurrences_alert a
+    JOIN occurrences_alertchannel c ON c.id = a.channel_id AND c.confirmed_at IS NOT NULL
     WHERE a.delivery_id IS NULL
     GROUP BY a.channel_id
     LIMIT %(limit)s

@@ -75,7 +75,10 @@ def lag_alerts_record(*, now: datetime) -> int:
     """Record an alert for each lag rule whose condition held over its whole window."""
     recorded = 0
     rules = AlertRule.objects.filter(
-        enabled=True, channel__enabled=True, event__in=[str(e) for e in LAG_EVENTS]
+        enabled=True,
+        channel__enabled=True,
+        channel__confirmed_at__isnull=False,
+        event__in=[str(e) for e in LAG_EVENTS],
     ).select_related("channel")
     for rule in rules:
         window = rule.window_minutes or DEFAULT_WINDOW_MINUTES

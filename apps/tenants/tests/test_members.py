@@ -302,7 +302,7 @@ def test_activity_page_shows_who_did_what_when(
     page = client.get("/activity/").content.decode()
 
     assert page.index("Member role changed") < page.index("Member invited")  # newest first
-    assert "user:alice" in page and "h@example.com" in page and "previous_role: viewer" in page
+    assert "user:alice" in page and "h@example.com" in page and "previous role: viewer" in page
     assert "user:zed" not in page  # another tenant's log
     viewer = Client()
     viewer.force_login(bob)

@@ -6,6 +6,7 @@ TICK_SCREENSHOTS=1 the page is saved as docs/screenshots/alerts.png."""
 from __future__ import annotations
 
 import functools
+from datetime import timedelta
 
 import pytest
 from django.core import mail
@@ -16,6 +17,7 @@ from apps.occurrences.alerts.dispatch import group_pending
 from apps.occurrences.models import Alert, AlertChannel, AlertDelivery, AlertEvent, AlertRule
 from apps.schedules.tests.factories import make_schedule
 from apps.tenants.tests.browser import NEEDS_CHROMIUM, log_in, page_shot, wait
+from apps.tenants.tests.mails import link_in
 
 # Pages behind POST-redirects take a while on a loaded machine.
 _wait = functools.partial(wait, timeout=20)
@@ -64,6 +66,14 @@ def test_add_a_channel_and_a_rule_and_send_a_test_alert(live_server, browser, al
     _wait(driver, lambda d: "Channel “on-call” added." in d.find_element(By.TAG_NAME, "main").text)
     channel = AlertChannel.objects.get(tenant=tenant_a)
     assert (channel.kind, channel.target) == ("email", "on-call@example.com")
+    # Pending until the address follows the mailed link and presses "Confirm".
+    assert "pending confirmation" in driver.find_element(By.ID, "channels").text
+    link = link_in(mail.outbox[0].body, r"https?://[^/\s]+(/alerts/confirm/\S+/)")
+    mail.outbox.clear()
+    driver.get(f"{base}{link}")
+    driver.find_element(By.ID, "confirm").click()
+    _wait(driver, lambda d: "Alerts confirmed" in d.find_element(By.TAG_NAME, "main").text)
+    driver.get(f"{base}/alerts/")
 
     _fill(driver, "rule-form", {
         "event": "start_lag", "channel_id": str(channel.id), "schedule_id": str(job.id),
@@ -91,7 +101,8 @@ def test_add_a_channel_and_a_rule_and_send_a_test_alert(live_server, browser, al
     assert "pending" in history
 
     # What the reaper and a worker do with it: one message, sent with its id.
-    assert group_pending(now=timezone.now(), coalesce_s=10, interval_s=60) == (1, 1)
+    later = timezone.now() + timedelta(seconds=11)  # after the coalescing wait
+    assert group_pending(now=later, coalesce_s=10, interval_s=60) == (1, 1)
     delivery = AlertDelivery.objects.get(alerts=alert)
     assert alert_deliver(delivery.id) == AlertDelivery.State.SENT
     assert [m.extra_headers[ALERT_ID_HEADER] for m in mail.outbox] == [str(delivery.id)]
