@@ -49,6 +49,8 @@ from django.utils import timezone
 from apps.occurrences.execution.deadlines import effective_timeout_s
 from apps.occurrences.execution.handlers import HandlerContext
 from apps.occurrences.execution.locks import (
+    RECOVERY_KEY,
+    RECOVERY_LOCK,
     SCHEDULE_LOCK,
     TENANT_LOCK,
     advisory_lock,
@@ -390,7 +392,7 @@ def _quota_verdict(cursor: CursorWrapper, row: _ClaimRow, now: datetime) -> Clai
     # once a second.
     elif share is not None and running >= share and _held_to_share(cursor, row.tenant_id, share):
         delayed = metrics.fair_share_delays
-    elif (row.lane == Lane.CATCHUP or row.attempt_count) and _recovery_full():
+    elif (row.lane == Lane.CATCHUP or row.attempt_count) and _recovery_full(cursor):
         delayed = metrics.strict_reserve_delays
     else:
         return None
@@ -411,12 +413,27 @@ def _quota_verdict(cursor: CursorWrapper, row: _ClaimRow, now: datetime) -> Clai
     return ClaimStatus.DELAYED
 
 
-def _recovery_full() -> bool:
-    """Whether recovery work already holds every slot it may (presence.py, step 5)."""
+# Recovery work running now (presence.LIVE_ATTEMPT): catch-up lane runs and retries.
+_RECOVERY_RUNNING = f"""
+    SELECT count(*) FROM occurrences_attempt a
+    JOIN occurrences_occurrence o ON o.id = a.occurrence_id AND o.scheduled_for = a.scheduled_for
+    WHERE {LIVE_ATTEMPT} AND (a.attempt_no > 1 OR o.lane = %(catchup)s)
+"""
+
+
+def _recovery_full(cursor: CursorWrapper) -> bool:
+    """Whether recovery work already holds every slot it may (presence.py, step 5): counted
+    fresh under RECOVERY_LOCK - recovery claims are few (paced by the catch-up rates), and a
+    per-process cached count let four claims at once take every slot."""
     capacity = live_capacity()
     if capacity is None:
         return False
-    return contention().recovery_running >= recovery_slot_limit(capacity)
+    advisory_lock(cursor, RECOVERY_LOCK, RECOVERY_KEY)
+    cursor.execute(_RECOVERY_RUNNING, {
+        "presence_ttl_s": settings.TICK_WORKER_PRESENCE_TTL_S, "catchup": Lane.CATCHUP,
+    })  # fmt: skip
+    found = cursor.fetchone()
+    return (int(found[0]) if found else 0) >= recovery_slot_limit(capacity)
 
 
 def _held_to_share(cursor: CursorWrapper, tenant_id: uuid.UUID, share: int) -> bool:
