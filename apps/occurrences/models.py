@@ -120,14 +120,16 @@ class Occurrence(models.Model):
             # of the schedule list (apps/occurrences/schedule_health.py, a LATERAL probe per
             # schedule of the page). The unique key leads with the version, so it cannot.
             models.Index(fields=["schedule", "scheduled_for"], name="occurrence_schedule_time_idx"),
-            # The backstop of `manage.py reap` (redelivery.occurrences_redeliver): published,
-            # unfinished occurrences by first confirm; in-flight work only. Not
-            # `WHERE state = 'ENQUEUED'`: a predicate on state makes every state change a
-            # non-HOT update; this one spares the claim's (docs/decisions.md).
+            # The backstop of `manage.py reap` (redelivery.occurrences_redeliver): unfinished
+            # occurrences by instant; in-flight work only. Neither `state` nor `enqueued_at`
+            # is indexed or in the predicate: the relay's record and the claim change only
+            # unindexed columns, so with the partitions' free space (PARTITION_FILLFACTOR)
+            # they can be HOT updates; only the completion leaves the index
+            # (docs/decisions.md "PostgreSQL work per occurrence").
             models.Index(
-                fields=["enqueued_at"],
-                name="occurrence_enqueued_open_idx",
-                condition=models.Q(finished_at__isnull=True, enqueued_at__isnull=False),
+                fields=["scheduled_for"],
+                name="occurrence_open_idx",
+                condition=models.Q(finished_at__isnull=True),
             ),
         ]
 

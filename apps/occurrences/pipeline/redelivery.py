@@ -26,9 +26,10 @@ from django.db import connection, transaction
 from apps.occurrences.models import Lane, Occurrence
 from apps.occurrences.observability import metrics
 
-# `lost` walks occurrence_enqueued_open_idx (published, unfinished occurrences by first
-# confirm: the in-flight work only) in the day partitions of the lookback; the first
-# confirm is never later than the latest, so `enqueued_at < cutoff` is a safe index bound.
+# `lost` walks occurrence_open_idx (unfinished occurrences by instant: the in-flight work
+# only) over the lookback; the first confirm is never later than the latest, so
+# `enqueued_at < cutoff` only filters (the index leaves enqueued_at out so that recording
+# it can be a HOT update).
 # The outbox has no index on occurrence_id: the schedule's shard narrows the pending-row
 # probe through outbox_due_idx, so no plan can scan the whole outbox once per candidate.
 # SKIP LOCKED: an occurrence being claimed right now is left to its claim.
