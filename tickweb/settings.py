@@ -266,9 +266,12 @@ REST_FRAMEWORK = {
     "UNAUTHENTICATED_USER": None,
     # One JSON error shape for every 4xx (tickweb/exceptions.py).
     "EXCEPTION_HANDLER": "tickweb.exceptions.exception_handler",
+    # JSON is the only response format too: no browsable API, so no HTML page on every GET
+    # (docs/decisions.md "API documentation and the browsable API").
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     # JSON is the only request format; tickweb/parsers.py caps its size and depth.
     "DEFAULT_PARSER_CLASSES": ["tickweb.parsers.TickJSONParser"],
-    # Per-key rate limit counted in PostgreSQL, shared by every web process (ratelimit.py).
+    # Per-tenant rate limit counted in PostgreSQL, shared by every web process (ratelimit.py).
     "DEFAULT_THROTTLE_CLASSES": ["tickweb.ratelimit.ApiKeyRateThrottle"],
 }
 SPECTACULAR_SETTINGS = {
@@ -305,6 +308,9 @@ TICK_IDEMPOTENCY_TTL_S = max(env_int("TICK_IDEMPOTENCY_TTL_S", 48 * 3600), 24 * 
 TICK_RECEIPT_LOOKBACK_S = env_int("TICK_RECEIPT_LOOKBACK_S", 24 * 3600)
 # One backfill request runs at most this many instants (more: 400 naming the maximum).
 TICK_BACKFILL_MAX_INSTANTS = env_int("TICK_BACKFILL_MAX_INSTANTS", 1000)
+# Run-now requests one schedule accepts per minute (a sliding minute; 429 beyond it, replays
+# of a request id not counted): a button or a loop cannot queue runs faster than they matter.
+TICK_RUN_NOW_PER_MIN = env_int("TICK_RUN_NOW_PER_MIN", 10)
 
 # --- Celery / RabbitMQ ------------------------------------------------------------------
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "amqp://guest:guest@127.0.0.1:5672//")
@@ -422,6 +428,9 @@ TICK_EXTRA_HANDLERS = [
 # Reaper backstop (`manage.py reap`): ENQUEUED this long after its last broker confirm with
 # no claim = the broker lost it; republished with the same id. Above the worst queue wait.
 TICK_REDELIVER_AFTER_S = env_int("TICK_REDELIVER_AFTER_S", 600)
+# The backstop looks back TICK_RETRY_DEADLINE_S by instant on each pass; every this often it
+# reads every partition (older backfilled instants, rows left across a long outage).
+TICK_REDELIVER_DEEP_EVERY_S = env_int("TICK_REDELIVER_DEEP_EVERY_S", 600)
 
 # Daily occurrence partitions (`manage.py partitions`): created ahead, dropped after retention.
 TICK_PARTITION_DAYS_AHEAD = env_int("TICK_PARTITION_DAYS_AHEAD", 7)

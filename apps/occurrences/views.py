@@ -56,6 +56,10 @@ def dashboard(request: HttpRequest) -> HttpResponse:
         "occ_rows": [(s, label, hour.get(s, 0), day.get(s, 0))
                      for s, label in Occurrence.State.choices],
         "occ_any": bool(day), "retention_days": settings.TICK_RETENTION_DAYS,
+        # With schedules but no run yet (a new tenant, the demo): when the first one is due,
+        # not "create a schedule".
+        "schedules_any": any(by_state.values()), "active_count": by_state.get(
+            Schedule.State.ACTIVE, 0), "next_due": dash.next_due(tenant=tenant, now=now),
         "lag_chart": dash.lag_chart_data(points), "lag_points": points,
         "start_lag_chart": dash.lag_chart_data(start_points), "start_lag_points": start_points,
         "backlog": dash.due_backlog(tenant=tenant, now=now),

@@ -37,6 +37,7 @@ from apps.occurrences.schedule_changes import (
 )
 from apps.occurrences.schedule_health import (
     FAILING_BELOW,
+    HEALTH_WINDOW,
     LATE_AFTER,
     RATE_OVER,
     HealthFilter,
@@ -133,6 +134,8 @@ def schedule_list(request: HttpRequest) -> HttpResponse:
         "rows": [(s, h, next_runs[s.id], schedule_in_words(s)) for s, h in rows],
         **pager, "state": state, "kind": kind, "q": q, "handler": handler,
         "health": want.value if want else "", "scanned": scanned, "now": now,
+        # Created within the health window without a run yet: "new", not "no run in 7 days".
+        "health_since": now - HEALTH_WINDOW,
         "errors": errors + ([page_error] if page_error else []),
         "states": Schedule.State.choices, "nav": "schedules", "rate_over": RATE_OVER,
         "failing_below": round(FAILING_BELOW * 100),

@@ -45,6 +45,12 @@ class TenantAdmin(TickModelAdmin[Tenant]):
     search_fields = ["slug", "name"]
     # Quotas are editable here; usage is read-only, counted for the one tenant shown.
     readonly_fields = ["schedules_in_quota", "running_now", "active_api_keys", "recent_events"]
+
+    # Schedules, occurrences and events keep a tenant's rows (no database cascade, history
+    # stays for audit): a delete always ended in "Cannot delete tenant", so none is offered.
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
     fieldsets = [
         (None, {"fields": ["slug", "name"]}),
         ("Quotas", {"fields": ["max_active_schedules", "trigger_rate_per_s", "max_running",

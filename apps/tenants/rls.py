@@ -112,6 +112,9 @@ class EnableTenantRLS(migrations.RunSQL):
         from_state: Any,
         to_state: Any,
     ) -> None:
+        # The policy calls the staff check: make sure it exists, whatever order the apps'
+        # migrations run in (idempotent).
+        _install_staff_check(from_state.apps, schema_editor)
         super().database_forwards(app_label, schema_editor, from_state, to_state)
         role = schema_editor.connection.ops.quote_name(web_role())
         schema_editor.execute(f'GRANT SELECT, INSERT, UPDATE, DELETE ON "{self.table}" TO {role}')

@@ -173,6 +173,29 @@ def test_a_missing_fifth_weekday_is_no_fire_and_a_rule_too_rare_is_refused() -> 
     assert "never fires" in err.value.message
 
 
+def test_every_fifth_weekday_of_one_month_is_found_within_the_horizon() -> None:
+    """The rarest rules with forms: a fifth weekday in one month. February's (a leap year
+    whose 1st is that weekday, 28+ years apart) are refused; the others run at most 6 years
+    apart, and the search finds each next run from the previous one."""
+    for month in range(1, 13):
+        for weekday in range(7):
+            expression = f"0 0 * {month} {weekday}#5"
+            if month == 2:
+                with pytest.raises(tr.TimeRuleError):
+                    tr.validate_expression(expression)
+                continue
+            fires = tr.next_fire_times(expression, "UTC", datetime(2000, 1, 1, tzinfo=UTC), 60)
+            years = [f.year for f in fires]
+            assert (
+                len(fires) == 60 and max(b - a for a, b in zip(years, years[1:], strict=False)) <= 6
+            )
+            assert all(
+                tr.next_fire_time(expression, "UTC", a) == b
+                for a, b in zip(fires, fires[1:], strict=False)
+            )
+            assert all(f.day > 28 and (f.weekday() + 1) % 7 == weekday for f in fires)
+
+
 # ---------------------------------------------------------------------------------------------
 # Ranges: Sunday at the end, wrap-around in day-of-week and month, and 'a/n'
 # ---------------------------------------------------------------------------------------------
