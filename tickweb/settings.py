@@ -163,6 +163,16 @@ DATABASES = {
         conn_health_checks=True,
     )
 }
+# Behind a transaction-mode pooler (PgBouncer, docs/operations.md "PgBouncer"): no state may
+# outlive a transaction. Django's server-side cursors (`.iterator()`) would be declared in
+# one transaction and fetched in another, and psycopg's automatic prepared statements live
+# on a server connection PgBouncer 1.18 hands to others (docs/decisions.md "PgBouncer").
+DATABASE_POOLER = env_str("DATABASE_POOLER", "")
+if DATABASE_POOLER == "transaction":
+    DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
+    DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = None
+elif DATABASE_POOLER:
+    raise ImproperlyConfigured("DATABASE_POOLER must be 'transaction' or empty")
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # Row-level security (docs/decisions.md "Row-level security", apps/tenants/rls.py): web
 # requests run as this role, which the tenant policies restrict; the migrations create it if

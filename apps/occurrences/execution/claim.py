@@ -47,8 +47,10 @@ from django.db.backends.utils import CursorWrapper
 from django.utils import timezone
 
 from apps.occurrences.execution.deadlines import effective_timeout_s
-from apps.occurrences.execution.handlers import HandlerContext
+from apps.occurrences.execution.handlers import HandlerContext, RunOrigin
 from apps.occurrences.execution.locks import (
+    RECOVERY_KEY,
+    RECOVERY_LOCK,
     SCHEDULE_LOCK,
     TENANT_LOCK,
     advisory_lock,
@@ -188,6 +190,7 @@ def occurrence_claim(
         attempt_no=attempt_no,
         payload=json.loads(row.payload),
         timeout_s=_timeout_of(row),
+        origin=_run_origin(row),
     )
     return Claim(
         ClaimStatus.CLAIMED,
@@ -201,6 +204,12 @@ def occurrence_claim(
         deadline_at=row.deadline_at,
         retry_budget_per_hour=row.retry_budget_per_hour,
     )
+
+
+def _run_origin(row: _ClaimRow) -> RunOrigin:
+    """The occurrence's origin, or `replay` once a DLQ replay gave it a fresh attempt budget
+    (replay.py sets `attempt_base`)."""
+    return RunOrigin.REPLAY if row.attempt_base > 0 else RunOrigin(row.origin)
 
 
 def _currency_verdict(cursor: CursorWrapper, row: _ClaimRow, now: datetime) -> ClaimStatus | None:
@@ -365,9 +374,10 @@ def deferral_delay_s(
 
 
 # Live attempts of one tenant (presence.LIVE_ATTEMPT) beside all its open ones.
-_TENANT_RUNNING = f"""
-    SELECT count(*), count(*) FILTER (WHERE {LIVE_ATTEMPT})
-    FROM occurrences_attempt a WHERE a.tenant_id = %(tenant)s AND a.finished_at IS NULL
+# The tenant's live attempts (presence.LIVE_ATTEMPT): asked only by a claim at its share.
+_TENANT_LIVE = f"""
+    SELECT count(*) FROM occurrences_attempt a
+    WHERE a.tenant_id = %(tenant)s AND {LIVE_ATTEMPT}
 """
 
 
@@ -376,18 +386,20 @@ def _quota_verdict(cursor: CursorWrapper, row: _ClaimRow, now: datetime) -> Clai
     share of the live worker slots while another tenant has work waiting), delay; None = run."""
     share = tenant_slot_limit()  # cached per process: read before the lock, not under it
     advisory_lock(cursor, TENANT_LOCK, row.tenant_id)
-    cursor.execute(_TENANT_RUNNING, {
-        "tenant": row.tenant_id, "presence_ttl_s": settings.TICK_WORKER_PRESENCE_TTL_S,
-    })  # fmt: skip
+    cursor.execute(
+        "SELECT count(*) FROM occurrences_attempt WHERE tenant_id = %s AND finished_at IS NULL",
+        [row.tenant_id],
+    )
     found = cursor.fetchone()
-    running, live = (int(found[0]), int(found[1])) if found else (0, 0)
+    running = int(found[0]) if found else 0
     if running >= row.max_running:
         delayed = metrics.quota_delays
-    # Asked only at the guaranteed share (a claim under it, the common case, skips the
-    # read); cached per process, so under the lock it costs a query at most once a second.
-    elif share is not None and live >= share and _held_to_share(row.tenant_id, live):
+    # Asked only at the guaranteed share (a claim under it, the common case, skips both
+    # reads); the snapshot is cached per process, so under the lock it costs a query at most
+    # once a second.
+    elif share is not None and running >= share and _held_to_share(cursor, row.tenant_id, share):
         delayed = metrics.fair_share_delays
-    elif (row.lane == Lane.CATCHUP or row.attempt_count) and _recovery_full():
+    elif (row.lane == Lane.CATCHUP or row.attempt_count) and _recovery_full(cursor):
         delayed = metrics.strict_reserve_delays
     else:
         return None
@@ -408,19 +420,41 @@ def _quota_verdict(cursor: CursorWrapper, row: _ClaimRow, now: datetime) -> Clai
     return ClaimStatus.DELAYED
 
 
-def _recovery_full() -> bool:
-    """Whether recovery work already holds every slot it may (presence.py, step 5)."""
+# Recovery work running now (presence.LIVE_ATTEMPT): catch-up lane runs and retries.
+_RECOVERY_RUNNING = f"""
+    SELECT count(*) FROM occurrences_attempt a
+    JOIN occurrences_occurrence o ON o.id = a.occurrence_id AND o.scheduled_for = a.scheduled_for
+    WHERE {LIVE_ATTEMPT} AND (a.attempt_no > 1 OR o.lane = %(catchup)s)
+"""
+
+
+def _recovery_full(cursor: CursorWrapper) -> bool:
+    """Whether recovery work already holds every slot it may (presence.py, step 5): counted
+    fresh under RECOVERY_LOCK - recovery claims are few (paced by the catch-up rates), and a
+    per-process cached count let four claims at once take every slot."""
     capacity = live_capacity()
     if capacity is None:
         return False
-    return contention().recovery_running >= recovery_slot_limit(capacity)
+    advisory_lock(cursor, RECOVERY_LOCK, RECOVERY_KEY)
+    cursor.execute(_RECOVERY_RUNNING, {
+        "presence_ttl_s": settings.TICK_WORKER_PRESENCE_TTL_S, "catchup": Lane.CATCHUP,
+    })  # fmt: skip
+    found = cursor.fetchone()
+    return (int(found[0]) if found else 0) >= recovery_slot_limit(capacity)
 
 
-def _held_to_share(tenant_id: uuid.UUID, live: int) -> bool:
-    """Whether the tenant, with `live` attempts running, is at its fair limit while another
-    tenant has work waiting (presence.py, step 4)."""
+def _held_to_share(cursor: CursorWrapper, tenant_id: uuid.UUID, share: int) -> bool:
+    """Whether the tenant's live attempts reach its guaranteed `share` and its fair limit
+    while another tenant has work waiting (presence.py, step 4)."""
     capacity = live_capacity()
     if capacity is None:
+        return False
+    cursor.execute(_TENANT_LIVE, {
+        "tenant": tenant_id, "presence_ttl_s": settings.TICK_WORKER_PRESENCE_TTL_S,
+    })  # fmt: skip
+    found = cursor.fetchone()
+    live = int(found[0]) if found else 0
+    if live < share:
         return False
     limit = fair_limit(tenant_id, capacity, contention())
     return limit is not None and live >= limit

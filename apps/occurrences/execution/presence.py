@@ -28,7 +28,8 @@ claim's step c, claim.py; docs/decisions.md "No tenant can starve another").
    lane (misfire catch-up, a stale fire-once, a backfill) or a retry (attempt 2 on) - may
    hold at most the slots left once TICK_STRICT_RESERVED_SHARE of the live capacity is kept
    for on-time runs (`recovery_slot_limit`); beyond that its claim is deferred like an
-   over-share one. Counted from the same snapshot (live attempts only).
+   over-share one. Counted fresh under one advisory lock by each recovery claim (claim.py):
+   live attempts only.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.db import connection
 
-from apps.occurrences.models import Lane, Occurrence
+from apps.occurrences.models import Occurrence
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +66,6 @@ class Contention:
 
     running: dict[uuid.UUID, int]
     waiting: dict[uuid.UUID, int]
-    recovery_running: int = 0  # live attempts of recovery work (step 5)
 
     @property
     def running_total(self) -> int:
@@ -147,11 +147,7 @@ LIVE_ATTEMPT = """
 
 _CONTENTION = f"""
     WITH running AS (
-        SELECT a.tenant_id, count(*) AS n,
-               count(*) FILTER (WHERE a.attempt_no > 1 OR o.lane = %(catchup)s) AS recovery
-        FROM occurrences_attempt a
-        JOIN occurrences_occurrence o
-            ON o.id = a.occurrence_id AND o.scheduled_for = a.scheduled_for
+        SELECT a.tenant_id, count(*) AS n FROM occurrences_attempt a
         WHERE {LIVE_ATTEMPT}
         GROUP BY a.tenant_id
     ),
@@ -160,8 +156,7 @@ _CONTENTION = f"""
         WHERE o.finished_at IS NULL AND o.enqueued_at IS NOT NULL AND o.state = %(enqueued)s
         GROUP BY o.tenant_id
     )
-    SELECT coalesce(r.tenant_id, w.tenant_id), coalesce(r.n, 0), coalesce(w.n, 0),
-           coalesce(r.recovery, 0)
+    SELECT coalesce(r.tenant_id, w.tenant_id), coalesce(r.n, 0), coalesce(w.n, 0)
     FROM running r FULL JOIN waiting w ON w.tenant_id = r.tenant_id
 """
 
@@ -176,13 +171,11 @@ def contention() -> Contention:
         cursor.execute(_CONTENTION, {
             "presence_ttl_s": settings.TICK_WORKER_PRESENCE_TTL_S,
             "enqueued": Occurrence.State.ENQUEUED,
-            "catchup": Lane.CATCHUP,
         })  # fmt: skip
         rows = cursor.fetchall()
     found = Contention(
-        running={t: int(r) for t, r, _, _ in rows if r},
-        waiting={t: int(w) for t, _, w, _ in rows if w},
-        recovery_running=sum(int(x) for _, _, _, x in rows),
+        running={t: int(r) for t, r, _ in rows if r},
+        waiting={t: int(w) for t, _, w in rows if w},
     )
     _contention_cache = (time.monotonic() + CONTENTION_CACHE_S, found)
     return found
