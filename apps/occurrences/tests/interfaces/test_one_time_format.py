@@ -41,11 +41,12 @@ _OTHER_FORMATS = re.compile(
     r"\b(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)[a-z]*\.? \d{1,2}, \d{4}"
     r"|\b\d{1,2}:\d{2} ?[ap]\.?m\.?(?!\w)|\+00:00"
 )
-# Not shown as text: scripts, styles, form values, JSON payloads a tenant wrote. Not an
+# Not shown as text: scripts, styles, form values, JSON payloads a tenant wrote; literal
+# machine text (`<code>`: the API's own RFC 3339 in the webhook guide's examples). Not an
 # instant of Tick's: a field's hint (the syntax it accepts, "2026-03-08T09:30") and a
 # schedule's wall time in its own zone (`data-local-time`, the "Local" column of its fires).
 _HIDDEN = re.compile(
-    r"<(script|style|textarea|pre)\b.*?</\1>"
+    r"<(script|style|textarea|pre|code)\b.*?</\1>"
     r'|<(span|td)\b[^>]*(?:class="hint"|data-local-time)[^>]*>.*?</\2>',
     re.S | re.I,
 )
