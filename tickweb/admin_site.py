@@ -17,6 +17,8 @@ from django.http import HttpRequest
 from django_otp import devices_for_user
 from django_otp.admin import OTPAdminAuthenticationForm
 
+from apps.tenants import rls
+
 
 class TotpAdminAuthenticationForm(OTPAdminAuthenticationForm):
     """Username, password and the current code of the user's authenticator app."""
@@ -36,6 +38,8 @@ class TotpAdminAuthenticationForm(OTPAdminAuthenticationForm):
         # The password first (AdminAuthenticationForm: authenticate, staff only), then the code.
         self.cleaned_data = AdminAuthenticationForm.clean(self)
         user = self.get_user()
+        # The password is right: row-level security now shows this user's own devices.
+        rls.user_enter(user.pk)
         devices = list(devices_for_user(user, confirmed=True))
         if not devices:
             raise ValidationError(

@@ -57,12 +57,13 @@ POSITIVE = (
     "TICK_RETRY_CAP_S",
     "TICK_RETRY_DEADLINE_S",
     "TICK_REDELIVER_AFTER_S",
+    "TICK_REDELIVER_DEEP_EVERY_S",
     "TICK_OVERLAP_RECHECK_S",
     "TICK_OVERLAP_LOOKBACK_S",
     "TICK_WORKER_OUTAGE_RETRY_S",
     "TICK_WORKER_PRESENCE_INTERVAL_S",
     "TICK_WORKER_PRESENCE_TTL_S",
-    "TICK_FAIR_SHARE_WINDOW_S",
+    "TICK_DEFERRAL_ALERT_S",
     "TICK_WEBHOOK_CONNECT_TIMEOUT_S",
     "TICK_WEBHOOK_READ_TIMEOUT_S",
     "TICK_EGRESS_DEADLINE_S",
@@ -213,6 +214,16 @@ def check_fair_share(app_configs: Apps = None, **kwargs: Any) -> list[CheckMessa
                 "(a fraction of the live worker slots one tenant may hold).",
                 hint="Set TICK_TENANT_SLOT_SHARE to e.g. 0.5; 1 lets one tenant take every slot.",
                 id="tick.E011",
+            )
+        )
+    reserve = settings.TICK_STRICT_RESERVED_SHARE
+    if not 0 <= reserve < 1:
+        errors.append(
+            checks.Error(
+                f"TICK_STRICT_RESERVED_SHARE is {reserve}; it must be at least 0 and below 1 "
+                "(a fraction of the live worker slots kept from recovery work).",
+                hint="Set TICK_STRICT_RESERVED_SHARE to e.g. 0.5; 0 reserves nothing.",
+                id="tick.E017",
             )
         )
     interval_s = settings.TICK_WORKER_PRESENCE_INTERVAL_S

@@ -69,6 +69,9 @@ MIDDLEWARE = [
     "apps.tenants.rls_middleware.TenantRLSMiddleware",
     # request.user.is_verified(): whether this session passed a TOTP device (admin site).
     "django_otp.middleware.OTPMiddleware",
+    # Staff's view of every tenant on the admin's pages, after the second factor (a claim the
+    # database checks: apps/tenants/rls.py).
+    "apps.tenants.rls_middleware.StaffRLSMiddleware",
     # Records the signed-in user's session for the account page's session list (docs/ui.md).
     "apps.tenants.middleware.UserSessionMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
@@ -107,6 +110,8 @@ LANGUAGE_CODE = "en-us"
 # format (docs/api.md; timerules.instant_text writes the hand-made ones alike).
 TIME_ZONE = "UTC"
 USE_I18N = False
+# The admin's dates in the tenant pages' one format (tickweb/formats/en/formats.py).
+FORMAT_MODULE_PATH = "tickweb.formats"
 USE_TZ = True
 
 STATIC_URL = "static/"
@@ -158,6 +163,16 @@ DATABASES = {
         conn_health_checks=True,
     )
 }
+# Behind a transaction-mode pooler (PgBouncer, docs/operations.md "PgBouncer"): no state may
+# outlive a transaction. Django's server-side cursors (`.iterator()`) would be declared in
+# one transaction and fetched in another, and psycopg's automatic prepared statements live
+# on a server connection PgBouncer 1.18 hands to others (docs/decisions.md "PgBouncer").
+DATABASE_POOLER = env_str("DATABASE_POOLER", "")
+if DATABASE_POOLER == "transaction":
+    DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
+    DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = None
+elif DATABASE_POOLER:
+    raise ImproperlyConfigured("DATABASE_POOLER must be 'transaction' or empty")
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # Row-level security (docs/decisions.md "Row-level security", apps/tenants/rls.py): web
 # requests run as this role, which the tenant policies restrict; the migrations create it if
@@ -261,9 +276,12 @@ REST_FRAMEWORK = {
     "UNAUTHENTICATED_USER": None,
     # One JSON error shape for every 4xx (tickweb/exceptions.py).
     "EXCEPTION_HANDLER": "tickweb.exceptions.exception_handler",
+    # JSON is the only response format too: no browsable API, so no HTML page on every GET
+    # (docs/decisions.md "API documentation and the browsable API").
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     # JSON is the only request format; tickweb/parsers.py caps its size and depth.
     "DEFAULT_PARSER_CLASSES": ["tickweb.parsers.TickJSONParser"],
-    # Per-key rate limit counted in PostgreSQL, shared by every web process (ratelimit.py).
+    # Per-tenant rate limit counted in PostgreSQL, shared by every web process (ratelimit.py).
     "DEFAULT_THROTTLE_CLASSES": ["tickweb.ratelimit.ApiKeyRateThrottle"],
 }
 SPECTACULAR_SETTINGS = {
@@ -300,6 +318,9 @@ TICK_IDEMPOTENCY_TTL_S = max(env_int("TICK_IDEMPOTENCY_TTL_S", 48 * 3600), 24 * 
 TICK_RECEIPT_LOOKBACK_S = env_int("TICK_RECEIPT_LOOKBACK_S", 24 * 3600)
 # One backfill request runs at most this many instants (more: 400 naming the maximum).
 TICK_BACKFILL_MAX_INSTANTS = env_int("TICK_BACKFILL_MAX_INSTANTS", 1000)
+# Run-now requests one schedule accepts per minute (a sliding minute; 429 beyond it, replays
+# of a request id not counted): a button or a loop cannot queue runs faster than they matter.
+TICK_RUN_NOW_PER_MIN = env_int("TICK_RUN_NOW_PER_MIN", 10)
 
 # --- Celery / RabbitMQ ------------------------------------------------------------------
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "amqp://guest:guest@127.0.0.1:5672//")
@@ -368,17 +389,21 @@ TICK_RETRY_CAP_S = env_int("TICK_RETRY_CAP_S", 600)
 TICK_RETRY_DEADLINE_S = env_int("TICK_RETRY_DEADLINE_S", 86_400)
 # Over-quota claims (Tenant.max_running) are re-queued this much later (plus jitter).
 TICK_QUOTA_DELAY_S = env_int("TICK_QUOTA_DELAY_S", 2)
-# Fair share of worker slots (apps/occurrences/execution/presence.py): while another tenant
-# contends, a tenant may hold at most max(1, floor(capacity x share)) running attempts, and is
-# delayed like an over-quota claim beyond that. 0.5: one tenant never holds more slots than
-# all the others together. Contending = another tenant started an attempt within the last
-# WINDOW seconds or has one running; a tenant alone may use every slot. 60: a tenant that
-# runs every minute counts all the time, so a flood is held to its share from its first claim.
+# Fair share of worker slots (apps/occurrences/execution/presence.py): below
+# max(1, floor(capacity x share)) running attempts a tenant always claims; at or above it, it
+# is delayed like an over-quota claim only while another tenant has work waiting now, and then
+# only at its max-min allocation of the capacity over the waiting tenants. 0.5: with two
+# tenants, neither is held below half the slots. A tenant alone may use every slot.
 # Capacity = TICK_WORKER_SLOTS when set (> 0), else the slots of the live workers, which
 # announce themselves every INTERVAL and stop counting when unseen for TTL; with no live
 # worker (capacity unknown) only Tenant.max_running applies.
 TICK_TENANT_SLOT_SHARE = float(env_str("TICK_TENANT_SLOT_SHARE", "0.5"))
-TICK_FAIR_SHARE_WINDOW_S = env_int("TICK_FAIR_SHARE_WINDOW_S", 60)
+# Strict capacity reserved at the workers: recovery work (catch-up lane, retries) may hold at
+# most the live slots left once this share is kept for on-time runs (at least 1 slot).
+TICK_STRICT_RESERVED_SHARE = float(env_str("TICK_STRICT_RESERVED_SHARE", "0.5"))
+# An occurrence the share defers after waiting longer than this while a slot is free is
+# counted (tick_deferred_beside_free_slots_total, alert TickDeferredBesideFreeSlots).
+TICK_DEFERRAL_ALERT_S = env_int("TICK_DEFERRAL_ALERT_S", 60)
 TICK_WORKER_SLOTS = env_int("TICK_WORKER_SLOTS", 0)
 TICK_WORKER_PRESENCE_INTERVAL_S = env_int("TICK_WORKER_PRESENCE_INTERVAL_S", 10)
 TICK_WORKER_PRESENCE_TTL_S = env_int("TICK_WORKER_PRESENCE_TTL_S", 30)
@@ -413,6 +438,9 @@ TICK_EXTRA_HANDLERS = [
 # Reaper backstop (`manage.py reap`): ENQUEUED this long after its last broker confirm with
 # no claim = the broker lost it; republished with the same id. Above the worst queue wait.
 TICK_REDELIVER_AFTER_S = env_int("TICK_REDELIVER_AFTER_S", 600)
+# The backstop looks back TICK_RETRY_DEADLINE_S by instant on each pass; every this often it
+# reads every partition (older backfilled instants, rows left across a long outage).
+TICK_REDELIVER_DEEP_EVERY_S = env_int("TICK_REDELIVER_DEEP_EVERY_S", 600)
 
 # Daily occurrence partitions (`manage.py partitions`): created ahead, dropped after retention.
 TICK_PARTITION_DAYS_AHEAD = env_int("TICK_PARTITION_DAYS_AHEAD", 7)

@@ -38,6 +38,7 @@ from apps.occurrences.alerts.lag import DEFAULT_THRESHOLD_S, DEFAULT_WINDOW_MINU
 from apps.occurrences.forms import AlertChannelForm, AlertRuleForm, show_config_errors
 from apps.occurrences.models import LAG_EVENTS, AlertChannel, AlertRule
 from apps.tenants.errors import RefusedRequest
+from apps.tenants.page_lists import page_list
 from apps.tenants.pagination import web_page
 from apps.tenants.web import actor_of, admin_only, tenant_page, tick_of
 
@@ -57,8 +58,8 @@ def _page(
     )
     rules = AlertRule.objects.filter(tenant=tenant).select_related("channel", "schedule")
     context: dict[str, Any] = {
-        "channels": AlertChannel.objects.filter(tenant=tenant),
-        "rules": rules,
+        "channels": page_list(request, "channels", AlertChannel.objects.filter(tenant=tenant)),
+        "rules": page_list(request, "rules", rules),
         "lag_events": [str(e) for e in LAG_EVENTS],
         "default_threshold_s": DEFAULT_THRESHOLD_S,
         "default_window_minutes": DEFAULT_WINDOW_MINUTES,

@@ -14,6 +14,7 @@ from django.db import models
 
 # Re-exported: the models and their callers name the lane through this module.
 from apps.occurrences.lanes import Lane as Lane
+from apps.tenants.readable import instant_text
 
 # Namespace of occurrence ids; changing it would change every id, so it is a constant.
 OCCURRENCE_NAMESPACE = uuid.UUID("6f1c3a52-7d0e-5b8e-9a41-2c7f0e9d4b10")
@@ -119,19 +120,21 @@ class Occurrence(models.Model):
             # of the schedule list (apps/occurrences/schedule_health.py, a LATERAL probe per
             # schedule of the page). The unique key leads with the version, so it cannot.
             models.Index(fields=["schedule", "scheduled_for"], name="occurrence_schedule_time_idx"),
-            # The backstop of `manage.py reap` (redelivery.occurrences_redeliver): published,
-            # unfinished occurrences by first confirm; in-flight work only. Not
-            # `WHERE state = 'ENQUEUED'`: a predicate on state makes every state change a
-            # non-HOT update; this one spares the claim's (docs/decisions.md).
+            # The backstop of `manage.py reap` (redelivery.occurrences_redeliver): unfinished
+            # occurrences by instant; in-flight work only. Neither `state` nor `enqueued_at`
+            # is indexed or in the predicate: the relay's record and the claim change only
+            # unindexed columns, so with the partitions' free space (PARTITION_FILLFACTOR)
+            # they can be HOT updates; only the completion leaves the index
+            # (docs/decisions.md "PostgreSQL work per occurrence").
             models.Index(
-                fields=["enqueued_at"],
-                name="occurrence_enqueued_open_idx",
-                condition=models.Q(finished_at__isnull=True, enqueued_at__isnull=False),
+                fields=["scheduled_for"],
+                name="occurrence_open_idx",
+                condition=models.Q(finished_at__isnull=True),
             ),
         ]
 
     def __str__(self) -> str:
-        return f"{self.id} @ {self.scheduled_for.isoformat()} {self.state}"
+        return f"{self.id} @ {instant_text(self.scheduled_for)} {self.state}"
 
 
 class Attempt(models.Model):
@@ -227,7 +230,7 @@ class DispatchOutbox(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"outbox {self.occurrence_id} ({self.lane}) at {self.available_at.isoformat()}"
+        return f"outbox {self.occurrence_id} ({self.lane}) at {instant_text(self.available_at)}"
 
 
 class ShardLease(models.Model):
@@ -269,7 +272,7 @@ class WorkerPresence(models.Model):
     seen_at = models.DateTimeField()
 
     def __str__(self) -> str:
-        return f"{self.hostname}: {self.slots} slots, seen {self.seen_at.isoformat()}"
+        return f"{self.hostname}: {self.slots} slots, seen {instant_text(self.seen_at)}"
 
 
 class TenantActivity(models.Model):
@@ -282,7 +285,7 @@ class TenantActivity(models.Model):
     last_started_at = models.DateTimeField()
 
     def __str__(self) -> str:
-        return f"{self.tenant_id}: last started {self.last_started_at.isoformat()}"
+        return f"{self.tenant_id}: last started {instant_text(self.last_started_at)}"
 
 
 class LeaseMember(models.Model):
@@ -299,7 +302,7 @@ class LeaseMember(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.role} {self.owner} seen {self.seen_at.isoformat()}"
+        return f"{self.role} {self.owner} seen {instant_text(self.seen_at)}"
 
 
 class HandlerEffect(models.Model):
@@ -337,7 +340,7 @@ class RetryBudget(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"retries of {self.tenant_id} from {self.window_start.isoformat()}: {self.used}"
+        return f"retries of {self.tenant_id} from {instant_text(self.window_start)}: {self.used}"
 
 
 class TenantRateBucket(models.Model):

@@ -33,6 +33,7 @@ from apps.occurrences.selectors import (
     start_lag_s,
 )
 from apps.schedules.models import Schedule
+from apps.tenants.page_lists import page_list
 from apps.tenants.pagination import web_page
 from apps.tenants.web import admin_only, tenant_page, tick_of
 
@@ -55,6 +56,10 @@ def dashboard(request: HttpRequest) -> HttpResponse:
         "occ_rows": [(s, label, hour.get(s, 0), day.get(s, 0))
                      for s, label in Occurrence.State.choices],
         "occ_any": bool(day), "retention_days": settings.TICK_RETENTION_DAYS,
+        # With schedules but no run yet (a new tenant, the demo): when the first one is due,
+        # not "create a schedule".
+        "schedules_any": any(by_state.values()), "active_count": by_state.get(
+            Schedule.State.ACTIVE, 0), "next_due": dash.next_due(tenant=tenant, now=now),
         "lag_chart": dash.lag_chart_data(points), "lag_points": points,
         "start_lag_chart": dash.lag_chart_data(start_points), "start_lag_points": start_points,
         "backlog": dash.due_backlog(tenant=tenant, now=now),
@@ -120,7 +125,9 @@ def occurrence_detail(request: HttpRequest, occurrence_id: str) -> HttpResponse:
     tenant = tick_of(request).tenant
     occurrence = access_occurrence(tenant=tenant, occurrence_id=parsed)
     return render(request, "tick/occurrence_detail.html", {
-        "occ": occurrence, "attempts": list(attempts_of(occurrence)),
+        "occ": occurrence,
+        # The latest first: a replayed occurrence may hold dozens of identical failures.
+        "attempts": page_list(request, "attempts", attempts_of(occurrence).reverse()),
         "lag": enqueue_lag_s(occurrence), "start_lag": start_lag_s(occurrence),
         "lag_from": "available" if occurrence.lane in LAG_FROM_AVAILABLE_AT else "scheduled",
         "schedule": Schedule.objects.filter(tenant=tenant, id=occurrence.schedule_id).first(),
@@ -164,8 +171,9 @@ def _short(ids: Iterable[uuid.UUID]) -> str:
 
 def replay_summary(result: ReplayResult) -> str:
     """What a replay did, in one message: replayed, left alone (with their state), not found."""
+    # Ids are shortened with "…": a sentence ending in one takes no period after it ("….").
     parts = [f"Replayed {len(result.replayed)} occurrence{pluralize(len(result.replayed))}"
-             + (f": {_short(result.replayed)}." if result.replayed else ".")]  # fmt: skip
+             + (f": {_short(result.replayed)}" if result.replayed else ".")]  # fmt: skip
     if result.not_dead:
         states = ", ".join(f"{str(i)[:8]}… ({st})" for i, st in result.not_dead.items())
         parts.append(f"Not DEAD, left alone: {states}.")

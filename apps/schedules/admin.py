@@ -1,6 +1,8 @@
+from typing import Any
+
 from django.contrib import admin, messages
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
 from django.utils.html import format_html
 
@@ -8,6 +10,7 @@ from apps.occurrences.schedule_changes import schedule_cancel, schedule_pause, s
 from apps.schedules.errors import LifecycleError
 from apps.schedules.models import Schedule, ScheduleEvent, ScheduleVersion
 from apps.tenants.admin_base import TickModelAdmin, staff_actor
+from apps.tenants.readable import detail_text, instant_text
 
 
 class ScheduleVersionInline(admin.TabularInline[ScheduleVersion, Schedule]):
@@ -16,25 +19,42 @@ class ScheduleVersionInline(admin.TabularInline[ScheduleVersion, Schedule]):
     can_delete = False
     readonly_fields = fields = ("version", "valid_from", "valid_to", "definition")
 
+    # Versions and events are written by the services only: no "Add another" that adds
+    # nothing (docs/ui.md "Django admin").
+    def has_add_permission(self, request: HttpRequest, obj: Schedule | None = None) -> bool:
+        return False
+
 
 class ScheduleEventInline(admin.TabularInline[ScheduleEvent, Schedule]):
     model = ScheduleEvent
     extra = 0
     can_delete = False
-    readonly_fields = fields = ("at", "kind", "version", "actor", "detail")
+
+    readonly_fields = fields = ("at", "kind", "version", "actor", "details")
+
+    def has_add_permission(self, request: HttpRequest, obj: Schedule | None = None) -> bool:
+        return False
+
+    @admin.display(description="Detail")
+    def details(self, obj: ScheduleEvent) -> str:
+        return detail_text(obj.detail)
 
 
 @admin.register(Schedule)
 class ScheduleAdmin(TickModelAdmin[Schedule]):
     list_display = ["name", "tenant", "kind", "expression", "time_zone", "state", "version",
-                    "next_run_at", "timeout", "shard", "occurrences_link"]  # fmt: skip
+                    "next_run", "timeout", "shard", "occurrences_link"]  # fmt: skip
     list_filter = ["state", "kind", "precision", "misfire_policy", "handler"]
     search_fields = ["name", "=id", "tenant__slug"]
     list_select_related = ["tenant"]
     raw_id_fields = ["tenant"]
     show_full_result_count = False  # COUNT(*) over 20M rows per page view is not free
     # State changes go through services (versions, events, receipts), never a raw form save.
-    readonly_fields = [f.name for f in Schedule._meta.fields]
+    # `next_run_at` is the materializer's cursor: shown as "Next run" only while the schedule
+    # is active (a paused one has none), like the tenant pages.
+    exclude = ["next_run_at"]
+    readonly_fields = [f.name for f in Schedule._meta.fields if f.name != "next_run_at"]
+    readonly_fields.append("next_run")
     inlines = [ScheduleVersionInline, ScheduleEventInline]
     actions = ["pause", "resume", "cancel"]
 
@@ -43,6 +63,25 @@ class ScheduleAdmin(TickModelAdmin[Schedule]):
 
     def has_delete_permission(self, request: object, obj: object = None) -> bool:
         return False  # cancel, never delete: history stays for audit
+
+    @admin.display(description="Next run", ordering="next_run_at")
+    def next_run(self, obj: Schedule) -> str:
+        if obj.state != Schedule.State.ACTIVE:
+            return f"none ({obj.get_state_display().lower()})"
+        return instant_text(obj.next_run_at) or "—"
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        # Every field is read-only (changes go through the actions): no "Save" that would
+        # report a change that did not happen.
+        context = {**(extra_context or {}), "show_save": False,
+                   "show_save_and_continue": False, "show_save_and_add_another": False}  # fmt: skip
+        return super().change_view(request, object_id, form_url, context)
 
     @admin.display(description="Timeout", ordering="timeout_s")
     def timeout(self, obj: Schedule) -> str:

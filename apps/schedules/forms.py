@@ -42,7 +42,8 @@ class ScheduleForm(forms.Form):
     expression = forms.CharField(
         max_length=200, required=False, label="Cron expression",
         help_text="Five fields (minute hour day-of-month month day-of-week) or @hourly, "
-        "@daily, @weekly, @monthly, @yearly — on the zone's wall clock.",
+        "@daily, @weekly, @monthly, @yearly — on the zone's wall clock. Days also as L (last), "
+        "LW, 15W (nearest weekday), FRI#3, FRIL (last Friday).",
     )  # fmt: skip
     run_at = forms.CharField(
         max_length=64, required=False, label="Run at",
@@ -127,7 +128,10 @@ class ScheduleForm(forms.Form):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["handler"].choices = [(n, n) for n in handler_names()]  # type: ignore[attr-defined]
+        # No handler preselected: `record` is the demo's, not for production (README).
+        self.fields["handler"].choices = [("", "— choose a handler —")] + [  # type: ignore[attr-defined]
+            (n, n) for n in handler_names()
+        ]
 
     def clean_payload(self) -> Any:
         text = self.cleaned_data.get("payload") or ""

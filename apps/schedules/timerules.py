@@ -9,8 +9,12 @@ Semantics (see ``docs/timerules.md`` for the full contract and examples):
 * Five-field cron (minute hour day-of-month month day-of-week) plus the macros ``@hourly``,
   ``@daily``, ``@midnight``, ``@weekly``, ``@monthly``, ``@yearly`` and ``@annually``, evaluated
   on the **local wall clock** of an IANA zone loaded from the ``tzdata`` package.
-* Classic day rule: when both day fields are restricted (neither is exactly ``*``), a day matches
-  if *either* field matches; otherwise both must match.
+* The day forms of Quartz and EventBridge: ``L``, ``L-n``, ``nW``, ``LW`` in day-of-month,
+  ``dL`` and ``d#n`` in day-of-week, ``?`` for either day field; day-of-week and month ranges
+  may wrap (``FRI-MON``, ``NOV-MAR``) and a day-of-week range ending at Sunday includes it.
+* Classic day rule: when both day fields are restricted (neither is exactly ``*`` or ``?``), a
+  day matches if *either* field matches; otherwise both must match. The forms are days like
+  any other under it.
 * DST: a local time that does not exist is skipped (``dst_gap="skip"``) or, with
   ``dst_gap="shift"``, all matching nonexistent times of one gap collapse into one run at the
   first instant after the jump. A local time that happens twice fires once at its first instant
@@ -347,7 +351,7 @@ class _Field(NamedTuple):
 
     values: frozenset[int]
     star: bool  # exactly '*' or '?': the field does not restrict
-    wraps: bool  # some range wraps around (day-of-week, month)
+    wraps: bool  # some range is not plain 'a-b' order (a wrap, or a weekday range to Sunday)
     last: frozenset[int] = frozenset()  # day-of-month 'L' (0) and 'L-n' (n): days before the last
     nearest: frozenset[int] = frozenset()  # day-of-month 'nW': the weekday nearest day n
     last_weekday: bool = False  # day-of-month 'LW'

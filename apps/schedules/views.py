@@ -27,7 +27,7 @@ from apps.occurrences.manual_runs import (
     schedule_backfill,
     schedule_run_now,
 )
-from apps.occurrences.models import Attempt
+from apps.occurrences.models import Attempt, Lane, Occurrence
 from apps.occurrences.schedule_changes import (
     LifecycleResult,
     schedule_cancel,
@@ -37,6 +37,7 @@ from apps.occurrences.schedule_changes import (
 )
 from apps.occurrences.schedule_health import (
     FAILING_BELOW,
+    HEALTH_WINDOW,
     LATE_AFTER,
     RATE_OVER,
     HealthFilter,
@@ -69,6 +70,7 @@ from apps.schedules.services import (
     schedule_preview_saved,
 )
 from apps.schedules.timerules import TimeRuleError
+from apps.tenants.page_lists import PageList, page_list
 from apps.tenants.pagination import (
     WEB_CURSOR,
     InvalidCursor,
@@ -80,7 +82,9 @@ from apps.tenants.pagination import (
 from apps.tenants.web import actor_of, admin_only, tenant_page, tick_of
 
 PAGE_SIZE = 25
-RECENT_OCCURRENCES = 20
+# The schedule page's recent occurrences after "Show more" (10 before); the rest are on the
+# occurrence list, filtered to the schedule.
+RECENT_OCCURRENCES = 100
 # Recent occurrences are read from this window of day partitions only.
 RECENT_WINDOW = timedelta(days=7)
 
@@ -130,6 +134,8 @@ def schedule_list(request: HttpRequest) -> HttpResponse:
         "rows": [(s, h, next_runs[s.id], schedule_in_words(s)) for s, h in rows],
         **pager, "state": state, "kind": kind, "q": q, "handler": handler,
         "health": want.value if want else "", "scanned": scanned, "now": now,
+        # Created within the health window without a run yet: "new", not "no run in 7 days".
+        "health_since": now - HEALTH_WINDOW,
         "errors": errors + ([page_error] if page_error else []),
         "states": Schedule.State.choices, "nav": "schedules", "rate_over": RATE_OVER,
         "failing_below": round(FAILING_BELOW * 100),
@@ -173,25 +179,32 @@ def _version_changes(versions: list[ScheduleVersion]) -> list[dict[str, Any]]:
     return list(reversed(rows))
 
 
-def _recent_occurrences(schedule: Schedule, now: datetime) -> list[dict[str, Any]]:
-    occurrences = list(
+def _recent_occurrences(request: HttpRequest, schedule: Schedule, now: datetime) -> PageList:
+    """The schedule's latest occurrences, each with its attempt count and last attempt (one
+    query for the page's rows: the attempts themselves are on the occurrence's page)."""
+    recent = page_list(request, "recent", (
         occurrences_for(tenant=schedule.tenant)
         .filter(
             schedule_id=schedule.id,
             scheduled_for__gte=now - RECENT_WINDOW,
             scheduled_for__lt=now + timedelta(days=1),
         )
-        .order_by("-scheduled_for", "-id")[:RECENT_OCCURRENCES]
-    )
-    attempts: dict[uuid.UUID, list[Attempt]] = {}
-    if occurrences:
-        for attempt in Attempt.objects.filter(
-            tenant_id=schedule.tenant_id,
-            occurrence_id__in=[o.id for o in occurrences],
-            scheduled_for__in={o.scheduled_for for o in occurrences},
-        ).order_by("attempt_no"):
-            attempts.setdefault(attempt.occurrence_id, []).append(attempt)
-    return [{"occ": o, "attempts": attempts.get(o.id, [])} for o in occurrences]
+        .order_by("-scheduled_for", "-id")
+    ), expanded_cap=RECENT_OCCURRENCES)  # fmt: skip
+    last: dict[uuid.UUID, Attempt] = {}
+    if recent.rows:
+        for attempt in (
+            Attempt.objects.filter(
+                tenant_id=schedule.tenant_id,
+                occurrence_id__in=[o.id for o in recent.rows],
+                scheduled_for__in={o.scheduled_for for o in recent.rows},
+            )
+            .order_by("occurrence_id", "scheduled_for", "-attempt_no")
+            .distinct("occurrence_id", "scheduled_for")
+        ):
+            last[attempt.occurrence_id] = attempt
+    rows = [{"occ": o, "last": last.get(o.id)} for o in recent.rows]
+    return PageList(recent.name, rows, recent.more, recent.expanded)
 
 
 def _detail(
@@ -204,15 +217,19 @@ def _detail(
 ) -> HttpResponse:
     now = timezone.now()
     versions = list(ScheduleVersion.objects.filter(schedule=schedule).order_by("version"))
-    events = list(ScheduleEvent.objects.filter(schedule=schedule).order_by("-at", "-id")[:100])
+    events = ScheduleEvent.objects.filter(schedule=schedule).order_by("-at", "-id")
     # Only an active schedule fires: a paused one shows its state, not the instants its
     # pause canceled (docs/ui.md).
     active = schedule.state == Schedule.State.ACTIVE
     return render(request, "tick/schedule_detail.html", {
-        "schedule": schedule, "versions": _version_changes(versions), "events": events,
+        "schedule": schedule,
+        "versions": page_list(request, "versions", _version_changes(versions)),
+        "events": page_list(request, "events", events),
         "next_run": next_runs_shown([schedule], now=now)[schedule.id],
         "preview": schedule_preview_saved(schedule=schedule, count=10, now=now) if active else [],
-        "recent": _recent_occurrences(schedule, now), "receipt": result.receipt if result else None,
+        "recent": _recent_occurrences(request, schedule, now),
+        "recent_all": f"{reverse('occurrence-list')}?schedule={schedule.id}",
+        "receipt": result.receipt if result else None,
         "dst_changes": schedule_dst_changes(timing=schedule, now=now),
         "words": schedule_in_words(schedule),
         "nav": "schedules", **_manual_context(schedule, manual, now),
@@ -222,7 +239,7 @@ def _detail(
 @tenant_page
 def schedule_detail(request: HttpRequest, schedule_id: str) -> HttpResponse:
     schedule = access_schedule(tenant=tick_of(request).tenant, schedule_id=schedule_id)
-    return _detail(request, schedule)
+    return _detail(request, schedule, manual=_run_receipt_shown(request, schedule))
 
 
 def _form_page(
@@ -237,7 +254,7 @@ def _form_page(
 def schedule_new(request: HttpRequest) -> HttpResponse:
     tick = tick_of(request)
     if request.method != "POST":
-        initial = {"handler": "record", "kind": "cron"}
+        initial = {"kind": "cron"}
         return _form_page(request, ScheduleForm(initial=initial), None)
     admin_only(request)
     form = ScheduleForm(request.POST)
@@ -413,8 +430,33 @@ def schedule_run_view(request: HttpRequest, schedule_id: str) -> HttpResponse:
     except LifecycleError as err:
         messages.error(request, err.message)
         return _detail(request, schedule, status=err.status)
-    schedule.refresh_from_db()
-    return _detail(request, schedule, manual=receipt)
+    # Post/redirect/get: the receipt is shown once on the schedule's own address, so the
+    # address bar leaves /run/ and a reload asks nothing again (docs/ui.md).
+    request.session[_RUN_RECEIPT] = {
+        "schedule": str(schedule.id), "at": receipt.at.isoformat(), "version": receipt.version,
+        "occurrence": str(receipt.occurrence), "scheduled_for": receipt.scheduled_for.isoformat(),
+        "lane": str(receipt.lane), "state": str(receipt.state),
+        "request_id": receipt.request_id, "replayed": receipt.replayed,
+    }  # fmt: skip
+    return redirect("schedule-detail", schedule_id=schedule.id)
+
+
+_RUN_RECEIPT = "tick_run_receipt"
+
+
+def _run_receipt_shown(request: HttpRequest, schedule: Schedule) -> RunNowReceipt | None:
+    """The receipt `schedule_run_view` left for this schedule's page, once."""
+    saved = request.session.get(_RUN_RECEIPT)
+    if not isinstance(saved, dict) or saved.get("schedule") != str(schedule.id):
+        return None
+    del request.session[_RUN_RECEIPT]
+    return RunNowReceipt(
+        action=ScheduleEvent.Kind.RUN_NOW, at=datetime.fromisoformat(saved["at"]),
+        version=int(saved["version"]), occurrence=uuid.UUID(saved["occurrence"]),
+        scheduled_for=datetime.fromisoformat(saved["scheduled_for"]), lane=Lane(saved["lane"]),
+        state=Occurrence.State(saved["state"]), request_id=saved["request_id"],
+        replayed=bool(saved["replayed"]),
+    )  # fmt: skip
 
 
 @tenant_page

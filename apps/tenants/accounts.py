@@ -114,6 +114,7 @@ def password_changed(*, user: Any, via: str, current_key: str | None = None) -> 
     """Audit a password change (`via`: "change" signed in, "reset" by an e-mailed link) and
     end the user's other sessions. Django already refuses them (their stored auth hash no
     longer matches); deleting them keeps the session list true."""
+    rls.user_enter(user.pk)  # a reset link's user is not signed in yet: their sessions show
     _end_other_sessions(user, current_key)
     _log_everywhere(user, TenantEvent.Kind.PASSWORD_CHANGED, timezone.now(), via=via)
 

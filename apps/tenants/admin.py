@@ -25,6 +25,7 @@ from apps.tenants.models import (
     Tenant,
     TenantEvent,
 )
+from apps.tenants.readable import detail_text, instant_text
 from apps.tenants.services import (
     api_key_expiry_check,
     api_key_expiry_shorten,
@@ -44,6 +45,12 @@ class TenantAdmin(TickModelAdmin[Tenant]):
     search_fields = ["slug", "name"]
     # Quotas are editable here; usage is read-only, counted for the one tenant shown.
     readonly_fields = ["schedules_in_quota", "running_now", "active_api_keys", "recent_events"]
+
+    # Schedules, occurrences and events keep a tenant's rows (no database cascade, history
+    # stays for audit): a delete always ended in "Cannot delete tenant", so none is offered.
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
     fieldsets = [
         (None, {"fields": ["slug", "name"]}),
         ("Quotas", {"fields": ["max_active_schedules", "trigger_rate_per_s", "max_running",
@@ -81,11 +88,11 @@ class TenantAdmin(TickModelAdmin[Tenant]):
         link = reverse("admin:tenants_tenantevent_changelist") + f"?tenant__id__exact={obj.pk}"
         rows = format_html_join(
             "", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-            ((f"{e.at:%Y-%m-%d %H:%M:%S}", e.get_kind_display(), e.actor, e.detail)
+            ((instant_text(e.at), e.get_kind_display(), e.actor, detail_text(e.detail))
              for e in events),
         )  # fmt: skip
         return format_html(
-            '<table class="tick-events"><thead><tr><th>At (UTC)</th><th>What</th><th>Who</th>'
+            '<table class="tick-events"><thead><tr><th>At</th><th>What</th><th>Who</th>'
             '<th>Detail</th></tr></thead><tbody>{}</tbody></table><p><a href="{}">All events '
             "of this tenant »</a></p>",
             rows or mark_safe('<tr><td colspan="4">No event yet.</td></tr>'),  # noqa: S308
@@ -195,14 +202,18 @@ class ApiKeyAdmin(TickModelAdmin[ApiKey]):
 class TenantEventAdmin(ReadOnlyTickModelAdmin[TenantEvent]):
     """The account audit log, read-only: it is written only by the services that act."""
 
-    list_display = ["at", "tenant", "kind", "actor", "detail"]
+    list_display = ["at", "tenant", "kind", "actor", "details"]
     list_filter = ["kind", "tenant"]
     search_fields = ["=tenant__slug", "actor"]
     list_select_related = ["tenant"]
     ordering = ["-at", "-id"]
     show_full_result_count = False
-    fields = ["at", "tenant", "kind", "actor", "detail"]
-    readonly_fields = ["at", "tenant", "kind", "actor", "detail"]
+    fields = ["at", "tenant", "kind", "actor", "details"]
+    readonly_fields = ["at", "tenant", "kind", "actor", "details"]
+
+    @admin.display(description="Detail")
+    def details(self, obj: TenantEvent) -> str:
+        return detail_text(obj.detail)
 
 
 @admin.register(SigningSecret)

@@ -14,6 +14,7 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 
+from apps.tenants import rls
 from apps.tenants.accounts import seen_is_stale, user_session_seen
 
 SEEN_KEY = "tick_seen"
@@ -28,6 +29,9 @@ def _record(request: HttpRequest, user: Any) -> None:
     recorded = session.get(SEEN_KEY) or [None, None]
     if recorded[0] == key and not seen_is_stale(recorded[1], now):
         return
+    # Row-level security shows a user only their own session rows; a login in this request
+    # has just made them the user.
+    rls.user_enter(user.pk)
     user_session_seen(
         user=user, session_key=key, now=now,
         user_agent=request.headers.get("User-Agent", ""),

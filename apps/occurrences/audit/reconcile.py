@@ -30,6 +30,15 @@ snapshot so a relay or materializer committing meanwhile cannot fake a stranded 
    LIMITed sample, restricted to `[from, to)` on the partition key where they read
    occurrences, and to `schedule_due_idx` where they read schedules.
 
+6. Once, set-based: runs that broke their schedule's misfire policy (misfire.py). A *late
+   run* is a first attempt of a scheduled instant in `[from, to)` that started more than
+   `max_lateness_s` (+ POLICY_SLACK) after it came due, or that runs in the catch-up lane.
+   It broke the policy when, at its start, the schedule already had at least as many later
+   late instants (MISSED, or run late) as the policy lets run: any under SKIP
+   (**late_run_skip**), one under FIRE_ONCE (**late_runs_fire_once**), `catchup_limit`
+   under CATCHUP (**late_runs_catchup**). Instants only counted in a `missed` event (no row)
+   are not seen: the check can under-count, never invent a breach.
+
 The rules, and why each is sound, are written down in docs/operations.md ("Reconciliation").
 """
 
@@ -51,11 +60,13 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from apps.occurrences.audit import cron_matcher
-from apps.occurrences.models import OCCURRENCE_NAMESPACE, Occurrence
+from apps.occurrences.models import OCCURRENCE_NAMESPACE, Lane, Occurrence
 from apps.schedules.models import Schedule, ScheduleEvent
 
 STUCK = ("stuck_enqueued", "stuck_scheduled", "stuck_running", "unmaterialized")
-FAILING = ("missing", "unexpected", "stranded", *STUCK)
+# Runs that broke their schedule's misfire policy (step 6).
+POLICY_BREACHES = ("late_run_skip", "late_runs_fire_once", "late_runs_catchup")
+FAILING = ("missing", "unexpected", "stranded", *STUCK, *POLICY_BREACHES)
 SAMPLE_LIMIT = 20
 
 _STATE_CLASS: dict[str, str] = {
@@ -318,6 +329,7 @@ def reconcile(
         if len(rows) < chunk_size:
             break
     _audit_stuck(report, tenant_id=tenant_id, own_snapshot=own_snapshot)
+    _audit_misfire(report, tenant_id=tenant_id)
     report.elapsed_s = time.perf_counter() - started
     return report
 
@@ -675,3 +687,71 @@ def _unexpected(report: ReconcileReport, sid: str, row: tuple[Any, ...]) -> None
 
 def _text(id_bytes: bytes) -> str:
     return str(uuid.UUID(bytes=id_bytes))
+
+
+# Clock slack of the policy check: a claim's clock and the database's may differ by this.
+POLICY_SLACK_S = 2
+
+_POLICY_BREACH_SQL = """
+    WITH runs AS (
+        SELECT o.id, o.schedule_id, o.schedule_version, o.scheduled_for, s.misfire_policy,
+               s.max_lateness_s, a.started_at,
+               CASE s.misfire_policy WHEN %(fire_once)s THEN 1
+                                     WHEN %(catchup_policy)s THEN s.catchup_limit
+                                     ELSE 0 END AS allowed
+        FROM occurrences_occurrence o
+        JOIN schedules_schedule s ON s.id = o.schedule_id
+        JOIN occurrences_attempt a
+            ON a.occurrence_id = o.id AND a.scheduled_for = o.scheduled_for AND a.attempt_no = 1
+           AND a.scheduled_for >= %(start)s AND a.scheduled_for < %(end)s
+        WHERE o.scheduled_for >= %(start)s AND o.scheduled_for < %(end)s
+          AND o.origin = %(scheduled_origin)s AND o.attempt_count > 0 {tenant}
+          AND (o.lane = %(catchup)s
+               OR a.started_at > o.available_at
+                                 + make_interval(secs => s.max_lateness_s + %(slack)s))
+    )
+    SELECT r.id, r.schedule_id, r.schedule_version, r.scheduled_for, r.misfire_policy,
+           count(*) OVER (PARTITION BY r.misfire_policy)
+    FROM runs r
+    WHERE r.allowed <= (
+        SELECT count(*) FROM (
+            SELECT 1 FROM occurrences_occurrence y
+            WHERE y.schedule_id = r.schedule_id AND y.scheduled_for > r.scheduled_for
+              AND y.scheduled_for < r.started_at AND y.origin = %(scheduled_origin)s
+              AND y.available_at + make_interval(secs => r.max_lateness_s + %(slack)s)
+                  < r.started_at
+              AND (y.state = %(missed)s OR y.lane = %(catchup)s)
+            LIMIT r.allowed + 1
+        ) later
+    )
+    ORDER BY r.scheduled_for, r.id
+"""
+_BREACH_CLASS = {
+    Schedule.MisfirePolicy.SKIP: "late_run_skip",
+    Schedule.MisfirePolicy.FIRE_ONCE: "late_runs_fire_once",
+    Schedule.MisfirePolicy.CATCHUP: "late_runs_catchup",
+}
+
+
+def _audit_misfire(report: ReconcileReport, *, tenant_id: uuid.UUID | None) -> None:
+    """Step 6: late runs that broke their schedule's misfire policy."""
+    params: dict[str, Any] = {
+        "start": report.start,
+        "end": report.end,
+        "tenant": tenant_id,
+        "fire_once": Schedule.MisfirePolicy.FIRE_ONCE,
+        "catchup_policy": Schedule.MisfirePolicy.CATCHUP,
+        "scheduled_origin": Occurrence.Origin.SCHEDULED,
+        "catchup": Lane.CATCHUP,
+        "missed": Occurrence.State.MISSED,
+        "slack": POLICY_SLACK_S,
+    }
+    tenant = "AND o.tenant_id = %(tenant)s" if tenant_id is not None else ""
+    with connection.cursor() as cursor:
+        cursor.execute(_POLICY_BREACH_SQL.format(tenant=tenant), params)
+        for occ_id, sid, version, at, policy, count in cursor.fetchall():
+            kind = _BREACH_CLASS.get(policy, "late_run_skip")
+            report.counts[kind] = int(count)
+            bucket = report.samples[kind]
+            if len(bucket) < SAMPLE_LIMIT:
+                bucket.append(Finding(kind, str(sid), version, at.isoformat(), str(occ_id), policy))

@@ -572,7 +572,7 @@ class PgWork:
     enqueued: int
     cpu_us: float | None
     wal_bytes: float | None
-    wal_fpi_share: float | None  # full-page images among the WAL records
+    wal_fpi: float | None  # full-page images per occurrence (each up to a whole 8 KB page)
     floor_cpu_us: float | None
     floor_wal_bytes: float | None
     cpu_ratio: float | None
@@ -580,7 +580,7 @@ class PgWork:
 
     @classmethod
     def of(
-        cls, *, cpu_s: float, wal_bytes: int, wal_fpi: int, wal_records: int, enqueued: int,
+        cls, *, cpu_s: float, wal_bytes: int, wal_fpi: int, enqueued: int,
         floor: FloorReport | None,
     ) -> PgWork:  # fmt: skip
         cpu_us = round(cpu_s * 1e6 / enqueued, 1) if enqueued else None
@@ -588,7 +588,7 @@ class PgWork:
         floor_cpu, floor_wal = floor.per_occurrence(DELIVERY_PHASES) if floor else (None, None)
         return cls(
             enqueued=enqueued, cpu_us=cpu_us, wal_bytes=wal,
-            wal_fpi_share=round(wal_fpi / wal_records, 3) if wal_records else None,
+            wal_fpi=round(wal_fpi / enqueued, 2) if enqueued else None,
             floor_cpu_us=floor_cpu, floor_wal_bytes=floor_wal,
             cpu_ratio=round(cpu_us / floor_cpu, 2) if cpu_us and floor_cpu else None,
             wal_ratio=round(wal / floor_wal, 2) if wal and floor_wal else None,
@@ -601,8 +601,8 @@ class PgWork:
             f"  PostgreSQL per occurrence enqueued ({self.enqueued:,}): {self.cpu_us:.0f} µs CPU, "
             f"{self.wal_bytes / 1024:.2f} KB WAL"
         )
-        if self.wal_fpi_share is not None:
-            line += f" ({self.wal_fpi_share:.0%} of WAL records full-page images)"
+        if self.wal_fpi is not None:
+            line += f" ({self.wal_fpi:.2f} full-page images)"
         if self.cpu_ratio is not None and self.wal_ratio is not None:
             line += (
                 f"; {self.cpu_ratio:.1f}x CPU and {self.wal_ratio:.1f}x WAL of the lean-SQL "
@@ -785,7 +785,6 @@ def _report(
     wal_bytes = sum(s.wal_bytes for s in samples)
     work = PgWork.of(
         cpu_s=cpu.get("postgresql", 0.0), wal_bytes=wal_bytes, wal_fpi=profile.wal.fpi,
-        wal_records=profile.wal.records,
         enqueued=sum(row.enqueued for row in rows), floor=floor,
     )  # fmt: skip
     return SustainedReport(

@@ -3,27 +3,30 @@
 Lock story of the claim — it may run concurrently with itself, with completions and with the
 reaper; one transaction, locks in the order of locks.py (row → schedule → tenant):
 a. Lock the occurrence row (FOR UPDATE); re-check its state and cancellation (else
-   CANCELED). An occurrence of an older version that is still claimable runs: an update
-   recalled (SUPERSEDED) every one it could, and the new version starts after those it could
-   not (in flight) or produced for the old one up to its boundary (schedule_changes.py), so
-   dropping them here would lose their instants. A second delivery blocks on the row
-   lock, then sees RUNNING or a final state and is dropped as a DUPLICATE (counted; the task
-   acks, the handler never runs). So is a copy that finds the occurrence RETRY_WAIT after a
-   TIMED_OUT attempt, its retry not yet due: the message of the attempt reclaimed at its
-   deadline, handed back by the broker when its pool process was replaced (deadlines.py).
+   CANCELED). A first attempt found past its max lateness is judged by the misfire policy
+   (misfire.py): MISSED, or it runs in the catch-up lane. An occurrence of an older version
+   that is still claimable runs: an update recalled (SUPERSEDED) every one it could, and the
+   new version starts after those it could not (in flight) or produced for the old one up to
+   its boundary (schedule_changes.py), so dropping them here would lose their instants.
+   A second delivery blocks on the row lock, then sees RUNNING or a final state and is
+   dropped as a DUPLICATE (counted; the task acks, the handler never runs). So is a copy
+   that finds the occurrence RETRY_WAIT after a TIMED_OUT attempt, its retry not yet due:
+   the message of the attempt reclaimed at its deadline, handed back by the broker when its
+   pool process was replaced (deadlines.py).
 b. Overlap (SKIP_IF_RUNNING, QUEUE_ONE): take the SCHEDULE advisory lock and look for another
    RUNNING / WAITING occurrence of the schedule. Every claim and every QUEUE_ONE completion of
    that schedule (complete.py) holds the same lock, so "check and transition" is atomic:
    SKIPPED_OVERLAP, WAITING (parked, with a re-check outbox row) or, for an occurrence that
    already had attempts, a delay through the outbox — never two RUNNING.
-c. Quota: take the TENANT advisory lock and count the tenant's open attempts; at
-   `Tenant.max_running`, or at the tenant's share of the live worker slots while another
-   tenant contends for slots (started an attempt within TICK_FAIR_SHARE_WINDOW_S or has one
-   open: presence.py — a tenant alone may use every slot), the occurrence is re-queued
-   through the outbox (retry lane, short jittered delay), state unchanged: delayed, never
-   failed, and the worker slot is free again at once.
-d. Insert the Attempt (fresh `lease_token`, `lease_expires_at`), occurrence → RUNNING, and
-   mark the tenant active (presence.py; still under the tenant lock). The
+c. Quota: take the TENANT advisory lock and count the tenant's open attempts, and of them
+   the live ones (lease running, worker not gone: presence.py); at `Tenant.max_running`, or
+   at its fair limit of the live worker slots while another tenant has work waiting now
+   (presence.py, a max-min share; a tenant alone may use every slot), the occurrence is
+   re-queued through the outbox (retry lane, short jittered delay, sooner for one deferred
+   before), state unchanged: delayed, never failed, and the worker slot is free at once.
+   Recovery work (catch-up lane, retries) is delayed the same way once it holds the slots
+   left after the share reserved for on-time runs (presence.py, step 5).
+d. Insert the Attempt (fresh `lease_token`, `lease_expires_at`), occurrence → RUNNING. The
    transaction commits before the handler runs: from here on the lease is the only claim
    (heartbeat.py renews it, complete.py checks it, reaper.py takes it back). The handler's
    context carries the attempt's run-time limit (deadlines.py).
@@ -44,21 +47,27 @@ from django.db.backends.utils import CursorWrapper
 from django.utils import timezone
 
 from apps.occurrences.execution.deadlines import effective_timeout_s
-from apps.occurrences.execution.handlers import HandlerContext
+from apps.occurrences.execution.handlers import HandlerContext, RunOrigin
 from apps.occurrences.execution.locks import (
+    RECOVERY_KEY,
+    RECOVERY_LOCK,
     SCHEDULE_LOCK,
     TENANT_LOCK,
     advisory_lock,
     overlap_lookback,
 )
 from apps.occurrences.execution.presence import (
-    others_contend,
-    tenant_activity_mark,
+    LIVE_ATTEMPT,
+    contention,
+    fair_limit,
+    live_capacity,
+    recovery_slot_limit,
     tenant_slot_limit,
 )
 from apps.occurrences.execution.registry import handler_spec
 from apps.occurrences.execution.requeue import OutboxTarget, requeue_through_outbox
-from apps.occurrences.models import Attempt, Occurrence
+from apps.occurrences.misfire import misfire_judge
+from apps.occurrences.models import Attempt, Lane, Occurrence
 from apps.occurrences.observability import metrics
 from apps.occurrences.pipeline.relay import RELAY_CLOCK_SLACK
 from apps.schedules.models import Schedule
@@ -71,6 +80,8 @@ CLAIMABLE = (
 )
 
 _rng = random.SystemRandom()
+# The actor of a `missed` event written by a claim.
+MISFIRE_FOUND_BY = "worker"
 
 
 class ClaimStatus(StrEnum):
@@ -81,6 +92,7 @@ class ClaimStatus(StrEnum):
     SKIPPED_OVERLAP = "skipped_overlap"
     WAITING = "waiting"  # QUEUE_ONE: parked behind the running one
     DELAYED = "delayed"  # re-queued through the outbox (quota, or a retry behind a run)
+    MISSED = "missed"  # found late: the misfire policy gave its instant up (misfire.py)
 
 
 @dataclass(frozen=True)
@@ -102,7 +114,8 @@ _LOCK_ROW = """
            o.attempt_base, o.deadline_at, o.cancel_requested_at IS NOT NULL,
            s.id, s.state, s.handler, s.payload::text, s.shard,
            s.overlap_policy, t.max_running, t.retry_budget_per_hour, o.enqueued_at,
-           s.timeout_s, t.max_timeout_s, o.origin
+           s.timeout_s, t.max_timeout_s, o.origin, o.available_at, s.max_lateness_s,
+           coalesce(o.last_enqueued_at > o.enqueued_at, false), o.lane
     FROM occurrences_occurrence o
     JOIN schedules_schedule s ON s.id = o.schedule_id
     JOIN tenants_tenant t ON t.id = o.tenant_id
@@ -137,6 +150,10 @@ class _ClaimRow:
     timeout_s: int | None
     max_timeout_s: int
     origin: str
+    available_at: datetime
+    max_lateness_s: int
+    deferred_before: bool  # published again since its first confirm: a deferral, a redelivery
+    lane: str
 
     @property
     def target(self) -> OutboxTarget:
@@ -159,7 +176,7 @@ def occurrence_claim(
         if found is None:
             return Claim(ClaimStatus.NOT_FOUND)
         row = _ClaimRow(occurrence_id, scheduled_for, *found)
-        for verdict_of in (_currency_verdict, _overlap_verdict, _quota_verdict):
+        for verdict_of in (_currency_verdict, _misfire_verdict, _overlap_verdict, _quota_verdict):
             verdict = verdict_of(cursor, row, now)
             if verdict is not None:
                 return Claim(verdict)
@@ -173,6 +190,7 @@ def occurrence_claim(
         attempt_no=attempt_no,
         payload=json.loads(row.payload),
         timeout_s=_timeout_of(row),
+        origin=_run_origin(row),
     )
     return Claim(
         ClaimStatus.CLAIMED,
@@ -188,6 +206,12 @@ def occurrence_claim(
     )
 
 
+def _run_origin(row: _ClaimRow) -> RunOrigin:
+    """The occurrence's origin, or `replay` once a DLQ replay gave it a fresh attempt budget
+    (replay.py sets `attempt_base`)."""
+    return RunOrigin.REPLAY if row.attempt_base > 0 else RunOrigin(row.origin)
+
+
 def _currency_verdict(cursor: CursorWrapper, row: _ClaimRow, now: datetime) -> ClaimStatus | None:
     """Step a: a finished, running or recalled occurrence is a duplicate delivery; a canceled
     one ends here. None = still current."""
@@ -198,6 +222,23 @@ def _currency_verdict(cursor: CursorWrapper, row: _ClaimRow, now: datetime) -> C
         _finish(cursor, row, Occurrence.State.CANCELED, now)
         return ClaimStatus.CANCELED
     return None
+
+
+def _misfire_verdict(cursor: CursorWrapper, row: _ClaimRow, now: datetime) -> ClaimStatus | None:
+    """Step a': a first attempt found later than the schedule's max lateness (an outage, a
+    backlog, a message that waited in the queue) is judged by the misfire policy exactly as
+    the materializer and the relay judge it (misfire.py): MISSED, or run in the catch-up
+    lane. Only such a claim pays for the judgement."""
+    if (
+        row.attempt_count
+        or row.origin != Occurrence.Origin.SCHEDULED
+        or now - row.available_at <= timedelta(seconds=row.max_lateness_s)
+    ):
+        return None
+    verdicts = misfire_judge(
+        cursor, [(row.occurrence_id, row.scheduled_for)], now=now, found_by=MISFIRE_FOUND_BY
+    )
+    return ClaimStatus.MISSED if row.occurrence_id in verdicts.missed else None
 
 
 def _timed_out_retry_pending(cursor: CursorWrapper, row: _ClaimRow, now: datetime) -> bool:
@@ -315,23 +356,34 @@ def _recheck_later(
     return status
 
 
-# A deferred occurrence asks again later the longer it has waited (half its wait so far, at
-# most this): a tenant far over its limit then cycles its backlog through relay, broker and
-# claim ever less often, instead of every few seconds, and the queue in front of the other
-# tenants of its partition stays short (docs/decisions.md, "No tenant can starve another").
+# Deferred occurrences age: one deferred before asks again within `base_s`..2x`base_s`, a
+# fresh arrival of a held tenant only after twice that, so a slot that frees up goes to the
+# tenant's oldest deferred work ahead of each new minute's arrivals (docs/decisions.md, "No
+# tenant can starve another"). Never later than DEFERRAL_CAP_S.
 DEFERRAL_CAP_S = 30.0
 
 
-def deferral_delay_s(waited_s: float, *, base_s: float, jitter: float) -> float:
-    """Seconds until a deferred claim is tried again: `base_s`..2x`base_s` while the
-    occurrence is fresh, then half its wait so far (x 1..2 by `jitter` in [0, 1)), never
-    above DEFERRAL_CAP_S."""
-    return min(DEFERRAL_CAP_S, max(float(base_s), waited_s / 2) * (1 + jitter))
+def deferral_delay_s(
+    waited_s: float, *, base_s: float, jitter: float, deferred_before: bool = True
+) -> float:
+    """Seconds until a deferred claim is tried again: `base_s` x (1 + `jitter`, in [0, 1))
+    for an occurrence deferred before, twice that for a fresh arrival; at most
+    DEFERRAL_CAP_S. `waited_s` is kept for the callers' logs and metrics."""
+    delay = float(base_s) * (1 + jitter) * (1 if deferred_before else 2)
+    return min(DEFERRAL_CAP_S, delay)
+
+
+# Live attempts of one tenant (presence.LIVE_ATTEMPT) beside all its open ones.
+# The tenant's live attempts (presence.LIVE_ATTEMPT): asked only by a claim at its share.
+_TENANT_LIVE = f"""
+    SELECT count(*) FROM occurrences_attempt a
+    WHERE a.tenant_id = %(tenant)s AND {LIVE_ATTEMPT}
+"""
 
 
 def _quota_verdict(cursor: CursorWrapper, row: _ClaimRow, now: datetime) -> ClaimStatus | None:
-    """Step c, under the tenant lock: at the tenant's run limit (`max_running`, or its share
-    of the live worker slots while another tenant contends), delay; None = run."""
+    """Step c, under the tenant lock: at the tenant's run limit (`max_running`, or its fair
+    share of the live worker slots while another tenant has work waiting), delay; None = run."""
     share = tenant_slot_limit()  # cached per process: read before the lock, not under it
     advisory_lock(cursor, TENANT_LOCK, row.tenant_id)
     cursor.execute(
@@ -342,20 +394,70 @@ def _quota_verdict(cursor: CursorWrapper, row: _ClaimRow, now: datetime) -> Clai
     running = int(found[0]) if found else 0
     if running >= row.max_running:
         delayed = metrics.quota_delays
-    # Asked only at the share (a claim under it, the common case, skips the read); cached
-    # per process, so under the lock it costs a query at most once a second.
-    elif share is not None and running >= share and others_contend(row.tenant_id):
+    # Asked only at the guaranteed share (a claim under it, the common case, skips both
+    # reads); the snapshot is cached per process, so under the lock it costs a query at most
+    # once a second.
+    elif share is not None and running >= share and _held_to_share(cursor, row.tenant_id, share):
         delayed = metrics.fair_share_delays
+    elif (row.lane == Lane.CATCHUP or row.attempt_count) and _recovery_full(cursor):
+        delayed = metrics.strict_reserve_delays
     else:
         return None
     waiting_since = row.enqueued_at or row.scheduled_for
+    waited_s = (now - waiting_since).total_seconds()
     delay = deferral_delay_s(
-        (now - waiting_since).total_seconds(), base_s=settings.TICK_QUOTA_DELAY_S,
-        jitter=_rng.random(),
+        waited_s, base_s=settings.TICK_QUOTA_DELAY_S, jitter=_rng.random(),
+        deferred_before=row.deferred_before,
     )  # fmt: skip
     requeue_through_outbox(cursor, row.target, available_at=now + timedelta(seconds=delay), now=now)
     delayed.inc()
+    if delayed is metrics.fair_share_delays and waited_s > settings.TICK_DEFERRAL_ALERT_S:
+        snapshot = contention()
+        capacity = live_capacity()
+        if capacity is not None and snapshot.running_total < capacity:
+            # Deferred this long while a slot was free: the share failed to conserve work.
+            metrics.deferred_beside_free_slots.inc()
     return ClaimStatus.DELAYED
+
+
+# Recovery work running now (presence.LIVE_ATTEMPT): catch-up lane runs and retries.
+_RECOVERY_RUNNING = f"""
+    SELECT count(*) FROM occurrences_attempt a
+    JOIN occurrences_occurrence o ON o.id = a.occurrence_id AND o.scheduled_for = a.scheduled_for
+    WHERE {LIVE_ATTEMPT} AND (a.attempt_no > 1 OR o.lane = %(catchup)s)
+"""
+
+
+def _recovery_full(cursor: CursorWrapper) -> bool:
+    """Whether recovery work already holds every slot it may (presence.py, step 5): counted
+    fresh under RECOVERY_LOCK - recovery claims are few (paced by the catch-up rates), and a
+    per-process cached count let four claims at once take every slot."""
+    capacity = live_capacity()
+    if capacity is None:
+        return False
+    advisory_lock(cursor, RECOVERY_LOCK, RECOVERY_KEY)
+    cursor.execute(_RECOVERY_RUNNING, {
+        "presence_ttl_s": settings.TICK_WORKER_PRESENCE_TTL_S, "catchup": Lane.CATCHUP,
+    })  # fmt: skip
+    found = cursor.fetchone()
+    return (int(found[0]) if found else 0) >= recovery_slot_limit(capacity)
+
+
+def _held_to_share(cursor: CursorWrapper, tenant_id: uuid.UUID, share: int) -> bool:
+    """Whether the tenant's live attempts reach its guaranteed `share` and its fair limit
+    while another tenant has work waiting (presence.py, step 4)."""
+    capacity = live_capacity()
+    if capacity is None:
+        return False
+    cursor.execute(_TENANT_LIVE, {
+        "tenant": tenant_id, "presence_ttl_s": settings.TICK_WORKER_PRESENCE_TTL_S,
+    })  # fmt: skip
+    found = cursor.fetchone()
+    live = int(found[0]) if found else 0
+    if live < share:
+        return False
+    limit = fair_limit(tenant_id, capacity, contention())
+    return limit is not None and live >= limit
 
 
 def _open_attempt(
@@ -387,7 +489,6 @@ def _open_attempt(
         [Occurrence.State.RUNNING, attempt_no, row.occurrence_id, row.scheduled_for],
     )
     lane, available_at = cursor.fetchone()
-    tenant_activity_mark(cursor, row.tenant_id)
     # A retry starts late by design, and an asked-for run (run now, backfill) is not late
     # (docs/operations.md "Metrics").
     if attempt_no == 1 and row.origin == Occurrence.Origin.SCHEDULED:

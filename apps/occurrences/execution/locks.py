@@ -1,7 +1,8 @@
 """Advisory locks of the execution path, and the lookback that bounds what they guard.
 
 Order: a transaction of this package that takes more than one lock takes them in the order
-attempt row → retry-budget row → occurrence row → SCHEDULE_LOCK → TENANT_LOCK, skipping those
+attempt row → retry-budget row → occurrence row → SCHEDULE_LOCK → TENANT_LOCK →
+RECOVERY_LOCK, skipping those
 it does not need (claim: occurrence → schedule → tenant; completion: attempt → budget →
 occurrence → schedule; reaper: attempt → occurrence), so no cycle exists. The advisory locks
 are transaction-scoped (`pg_advisory_xact_lock`): commit or rollback frees them, and a
@@ -10,6 +11,9 @@ crashed worker cannot leave one behind.
   every QUEUE_ONE completion (complete.py), so "look for a RUNNING / WAITING one, then
   transition" is atomic per schedule.
 - TENANT_LOCK: held by every claim while it counts the tenant's open attempts (claim.py).
+- RECOVERY_LOCK: taken after TENANT_LOCK by a claim of recovery work while it counts the
+  recovery work running (claim.py), so two such claims cannot both take the last slot
+  outside the strict reserve.
 """
 
 from __future__ import annotations
@@ -27,6 +31,10 @@ TENANT_LOCK = 6002
 # Held while an alert delivery counts its tenant's sends in flight (alerts/deliver.py); never
 # together with the locks above.
 ALERT_SENDS_LOCK = 6003
+# One lock for all recovery claims (catch-up lane, retries) while they count the recovery
+# work running, last in the claim's order; RECOVERY_KEY is its only value.
+RECOVERY_LOCK = 6004
+RECOVERY_KEY = uuid.UUID(int=0)
 
 
 def lock_key(value: uuid.UUID) -> int:

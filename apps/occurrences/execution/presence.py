@@ -1,32 +1,35 @@
-"""Live worker capacity, and the share of it one tenant may hold while others contend (the
-claim's step c, claim.py).
+"""Live worker capacity, and the share of it one tenant may hold while others wait (the
+claim's step c, claim.py; docs/decisions.md "No tenant can starve another").
 
 1. Each worker's main process announces itself: `presence_beat` upserts its
    WorkerPresence(hostname, slots = the pool's concurrency, seen_at) at start and every
    TICK_WORKER_PRESENCE_INTERVAL_S from a `PresenceBeat` thread (started by tickweb/celery.py);
    a clean shutdown deletes the row (`presence_leave`). A row unseen for
-   TICK_WORKER_PRESENCE_TTL_S is not live, so a killed worker drops out by itself; rows unseen
-   for a day are forgotten. `seen_at` is written and judged by the database clock only, so a
-   worker's skewed clock cannot keep it alive or age it early.
+   TICK_WORKER_PRESENCE_TTL_S is not live, so a killed or frozen worker drops out by itself;
+   rows unseen for a day are forgotten. `seen_at` is written and judged by the database clock
+   only, so a worker's skewed clock cannot keep it alive or age it early.
 2. Capacity = TICK_WORKER_SLOTS when set (> 0), else the sum of the live rows' slots: one
    query over a table of one row per worker, read at most every CAPACITY_CACHE_S per
    process. None when no worker is live: the capacity is unknown.
 3. `tenant_slot_limit` = max(1, floor(capacity x TICK_TENANT_SLOT_SHARE)), or None (no share
-   limit, `Tenant.max_running` alone) while the capacity is unknown. The claim compares it
-   with the tenant's open attempts under the tenant lock (locks.py).
-4. The share is work-conserving: it binds only while another tenant contends for slots, i.e.
-   started an attempt within the last TICK_FAIR_SHARE_WINDOW_S or has one open now. A tenant
-   alone may use every slot (its burst fans out over the whole pool); a tenant that runs every
-   minute counts all the time, so a flood is held to its share from its first claim of the
-   minute, not only once the quiet tenants already hold slots (slots are not preempted).
-   Every claim that opens an attempt records it in TenantActivity (`tenant_activity_mark`,
-   under the tenant lock): the database rewrites a row at most every ACTIVITY_WRITE_EVERY_S,
-   and a process sends the write for a tenant at most that often, so a recorded start lags
-   the true last one by at most twice that — the read looks back as much longer, so no start
-   within the window is missed. Only a claim at or above its share asks `others_contend`:
-   one query over that table and the open attempts' partial index, answered for every tenant
-   at once and read at most every CONTENTION_CACHE_S per process. Both are judged by the
-   database clock, like step 1.
+   limit, `Tenant.max_running` alone) while the capacity is unknown: below it a tenant claims
+   without asking anything more.
+4. The share is work-conserving: at or above it, a tenant is held back only while another
+   tenant has claimable work waiting *now* (open ENQUEUED occurrences: published, not yet
+   claimed, including those deferred by this very share) - a tenant that merely ran recently
+   does not contend. Its limit is then its max-min (water-filling) allocation of the capacity
+   over the waiting tenants and itself, each other tenant's demand being what it runs plus
+   what it has waiting (`fair_limit`). *Running* counts only live attempts: an open attempt
+   whose lease expired, or whose worker's presence row went stale (killed, frozen), holds no
+   slot. One snapshot query answers for every tenant at once (the open-attempt partial index
+   and the open-occurrence partial index), read at most every CONTENTION_CACHE_S per process
+   and only by a claim at or above its share.
+5. Strict capacity is reserved at the workers too: *recovery work* - a run in the catch-up
+   lane (misfire catch-up, a stale fire-once, a backfill) or a retry (attempt 2 on) - may
+   hold at most the slots left once TICK_STRICT_RESERVED_SHARE of the live capacity is kept
+   for on-time runs (`recovery_slot_limit`); beyond that its claim is deferred like an
+   over-share one. Counted fresh under one advisory lock by each recovery claim (claim.py):
+   live attempts only.
 """
 
 from __future__ import annotations
@@ -37,10 +40,12 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from django.conf import settings
-from django.db import connection, transaction
-from django.db.backends.utils import CursorWrapper
+from django.db import connection
+
+from apps.occurrences.models import Occurrence
 
 log = logging.getLogger(__name__)
 
@@ -50,18 +55,24 @@ CAPACITY_CACHE_S = 2.0
 
 _capacity_cache: tuple[float, int | None] | None = None  # (expires, monotonic clock; value)
 
-# A tenant's activity row needs no fresher figure against a window of a minute, and the
-# claim path writes it: at most one real write per tenant per this many seconds, and one
-# statement per tenant per process (the rest of a claim's cost stays as it was).
-ACTIVITY_WRITE_EVERY_S = 5
-# A recorded start lags the tenant's true last start by at most this (module docstring).
-ACTIVITY_LAG_S = 2 * ACTIVITY_WRITE_EVERY_S
-# A flood's claims see a quiet tenant's first start within this; a busy worker process asks
-# the database at most once per span.
+# A held tenant's claims see another tenant's work waiting within this; a busy worker
+# process asks the database at most once per span.
 CONTENTION_CACHE_S = 1.0
 
-_contention_cache: tuple[float, frozenset[uuid.UUID]] | None = None  # (expires; active ids)
-_activity_sent: dict[uuid.UUID, float] = {}  # tenant -> monotonic time of a committed write
+
+@dataclass(frozen=True)
+class Contention:
+    """Per tenant: live running attempts and occurrences waiting to be claimed (step 4)."""
+
+    running: dict[uuid.UUID, int]
+    waiting: dict[uuid.UUID, int]
+
+    @property
+    def running_total(self) -> int:
+        return sum(self.running.values())
+
+
+_contention_cache: tuple[float, Contention] | None = None  # (expires, monotonic clock; value)
 
 
 def presence_beat(*, hostname: str, slots: int) -> None:
@@ -122,70 +133,91 @@ def tenant_slot_limit() -> int | None:
     return max(1, math.floor(capacity * settings.TICK_TENANT_SLOT_SHARE))
 
 
-def tenant_activity_mark(cursor: CursorWrapper, tenant_id: uuid.UUID) -> None:
-    """The tenant just opened an attempt (step 4; the claim holds the tenant lock): record it,
-    unless this process sent it, or its row was written, within ACTIVITY_WRITE_EVERY_S."""
-    sent_at = time.monotonic()
-    if sent_at - _activity_sent.get(tenant_id, -math.inf) < ACTIVITY_WRITE_EVERY_S:
-        return
-    cursor.execute(
-        """
-        INSERT INTO occurrences_tenantactivity AS seen (tenant_id, last_started_at)
-        VALUES (%s, now())
-        ON CONFLICT (tenant_id) DO UPDATE SET last_started_at = excluded.last_started_at
-        WHERE seen.last_started_at < excluded.last_started_at - make_interval(secs => %s)
-        """,
-        [tenant_id, ACTIVITY_WRITE_EVERY_S],
+# An open attempt holds a live slot while its lease runs and its worker has not gone
+# stale (a worker without a presence row - never announced, or left cleanly - is judged by
+# the lease alone). worker_id is "<hostname>:<pid>" (tasks.py).
+LIVE_ATTEMPT = """
+    a.finished_at IS NULL AND a.lease_expires_at > now()
+    AND NOT EXISTS (
+        SELECT 1 FROM occurrences_workerpresence p
+        WHERE left(a.worker_id, length(p.hostname) + 1) = p.hostname || ':'
+          AND p.seen_at <= now() - make_interval(secs => %(presence_ttl_s)s)
     )
-    # Remembered once the claim commits: a rolled-back write must not silence the next one.
-    transaction.on_commit(lambda: _activity_remember(tenant_id, sent_at))
+"""
+
+_CONTENTION = f"""
+    WITH running AS (
+        SELECT a.tenant_id, count(*) AS n FROM occurrences_attempt a
+        WHERE {LIVE_ATTEMPT}
+        GROUP BY a.tenant_id
+    ),
+    waiting AS (
+        SELECT o.tenant_id, count(*) AS n FROM occurrences_occurrence o
+        WHERE o.finished_at IS NULL AND o.enqueued_at IS NOT NULL AND o.state = %(enqueued)s
+        GROUP BY o.tenant_id
+    )
+    SELECT coalesce(r.tenant_id, w.tenant_id), coalesce(r.n, 0), coalesce(w.n, 0)
+    FROM running r FULL JOIN waiting w ON w.tenant_id = r.tenant_id
+"""
 
 
-def _activity_remember(tenant_id: uuid.UUID, sent_at: float) -> None:
-    if len(_activity_sent) >= 10_000:  # long-gone tenants: forgetting costs a write each
-        _activity_sent.clear()
-    _activity_sent[tenant_id] = sent_at
-
-
-def active_tenants() -> frozenset[uuid.UUID]:
-    """Tenants contending for slots (step 4): up to two that started an attempt within the
-    window and up to two with an attempt open now — enough to tell whether any tenant other
-    than a given one is among them."""
+def contention() -> Contention:
+    """Live running and waiting work per tenant (step 4), cached CONTENTION_CACHE_S."""
     global _contention_cache
     cached = _contention_cache
     if cached is not None and cached[0] > time.monotonic():
         return cached[1]
     with connection.cursor() as cursor:
-        cursor.execute(
-            """
-            SELECT tenant_id FROM (
-                SELECT tenant_id FROM occurrences_tenantactivity
-                WHERE last_started_at > now() - make_interval(secs => %s) LIMIT 2
-            ) recent
-            UNION
-            SELECT tenant_id FROM (
-                SELECT DISTINCT tenant_id FROM occurrences_attempt
-                WHERE finished_at IS NULL LIMIT 2
-            ) running
-            """,
-            [settings.TICK_FAIR_SHARE_WINDOW_S + ACTIVITY_LAG_S],
-        )
-        active = frozenset(tenant_id for (tenant_id,) in cursor.fetchall())
-    _contention_cache = (time.monotonic() + CONTENTION_CACHE_S, active)
-    return active
+        cursor.execute(_CONTENTION, {
+            "presence_ttl_s": settings.TICK_WORKER_PRESENCE_TTL_S,
+            "enqueued": Occurrence.State.ENQUEUED,
+        })  # fmt: skip
+        rows = cursor.fetchall()
+    found = Contention(
+        running={t: int(r) for t, r, _ in rows if r},
+        waiting={t: int(w) for t, _, w in rows if w},
+    )
+    _contention_cache = (time.monotonic() + CONTENTION_CACHE_S, found)
+    return found
 
 
-def others_contend(tenant_id: uuid.UUID) -> bool:
-    """Whether a tenant other than `tenant_id` contends for slots: the share binds (step 4)."""
-    return any(active != tenant_id for active in active_tenants())
+def water_fill(capacity: float, demands: dict[uuid.UUID, float]) -> dict[uuid.UUID, float]:
+    """Max-min fair allocation of `capacity` over `demands`: the smallest demands are met in
+    full, the rest share what is left equally."""
+    allocation: dict[uuid.UUID, float] = {}
+    remaining = float(capacity)
+    ordered = sorted(demands.items(), key=lambda item: item[1])
+    for position, (tenant_id, demand) in enumerate(ordered):
+        fair = remaining / (len(ordered) - position)
+        allocation[tenant_id] = min(demand, fair)
+        remaining -= allocation[tenant_id]
+    return allocation
+
+
+def fair_limit(tenant_id: uuid.UUID, capacity: int, snapshot: Contention) -> int | None:
+    """The most live attempts `tenant_id` may hold now (step 4); None = no limit: no other
+    tenant has work waiting."""
+    others = {
+        other: snapshot.running.get(other, 0) + waiting
+        for other, waiting in snapshot.waiting.items()
+        if other != tenant_id and waiting > 0
+    }
+    if not others:
+        return None
+    demands: dict[uuid.UUID, float] = {**others, tenant_id: math.inf}
+    return max(1, math.floor(water_fill(capacity, demands)[tenant_id]))
+
+
+def recovery_slot_limit(capacity: int) -> int:
+    """The most live attempts recovery work may hold (step 5): the slots left once
+    TICK_STRICT_RESERVED_SHARE of the capacity is kept for on-time runs; at least 1."""
+    return max(1, math.floor(capacity * (1 - settings.TICK_STRICT_RESERVED_SHARE)))
 
 
 def contention_forget() -> None:
-    """Drop this process's cached contention answer and its record of activity writes sent
-    (tests that change the activity rows)."""
+    """Drop this process's cached contention answer (tests that change the rows)."""
     global _contention_cache
     _contention_cache = None
-    _activity_sent.clear()
 
 
 class PresenceBeat(threading.Thread):

@@ -41,7 +41,10 @@ def attempts_refusal(attempts: int, max_attempts: int) -> Refusal:
 
 
 def deadline_refusal(deadline: datetime) -> Refusal:
-    return Refusal(RefusalReason.DEADLINE, f"deadline {deadline.isoformat()} passed")
+    # The API's instant format (docs/api.md: RFC 3339 with `Z`): the text reaches the
+    # attempt's error message.
+    at = deadline.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S") + "Z"
+    return Refusal(RefusalReason.DEADLINE, f"deadline {at} passed")
 
 
 def budget_refusal(limit: int) -> Refusal:

@@ -119,10 +119,14 @@ def occurrences_by_state(*, tenant: Tenant, since: datetime, until: datetime) ->
 
 
 def due_backlog(*, tenant: Tenant, now: datetime, minutes: int = 10) -> list[dict[str, Any]]:
-    """Per minute from 5 min ago to `minutes` ahead: occurrences not yet handed to the queue
-    (SCHEDULED) and active schedules whose next instant is not yet materialized."""
-    start = now.replace(second=0, microsecond=0) - timedelta(minutes=5)
-    end = start + timedelta(minutes=5 + minutes + 1)
+    """The minutes from 5 min ago to `minutes` ahead that hold work not yet handed to the
+    queue: occurrences still SCHEDULED and active schedules whose instant is not yet
+    materialized. Only minutes with such work are listed, each labelled: "overdue" before the
+    current minute (with the schedules overdue from before the window in its first row),
+    "due now", or "due in N min" (docs/ui.md "Dashboard")."""
+    current = now.replace(second=0, microsecond=0)
+    start = current - timedelta(minutes=5)
+    end = current + timedelta(minutes=minutes + 1)
     pending = {
         row["minute"]: row["n"]
         for row in occurrences_for(tenant=tenant)
@@ -148,12 +152,37 @@ def due_backlog(*, tenant: Tenant, now: datetime, minutes: int = 10) -> list[dic
     rows = []
     minute = start
     while minute < end:
-        rows.append({
-            "minute": minute, "past": minute < now.replace(second=0, microsecond=0),
-            "pending": pending.get(minute, 0), "unmaterialized": unmaterialized.get(minute, 0),
-        })  # fmt: skip
+        waiting, planned = pending.get(minute, 0), unmaterialized.get(minute, 0)
+        if waiting or planned:
+            ahead = int((minute - current).total_seconds() // 60)
+            label = "overdue" if ahead < 0 else "due now" if ahead == 0 else f"due in {ahead} min"
+            rows.append({
+                "minute": minute, "past": ahead < 0, "label": label,
+                "pending": waiting, "unmaterialized": planned,
+            })  # fmt: skip
         minute += timedelta(minutes=1)
     return rows
+
+
+def next_due(*, tenant: Tenant, now: datetime) -> datetime | None:
+    """The earliest run still to come of the tenant's active schedules: a pending occurrence
+    of the next day, or else the earliest instant not yet materialized."""
+    pending = (
+        occurrences_for(tenant=tenant)
+        .filter(scheduled_for__gte=now, scheduled_for__lt=now + timedelta(days=1),
+                state__in=(Occurrence.State.SCHEDULED, Occurrence.State.ENQUEUED))
+        .order_by("scheduled_for")
+        .values_list("scheduled_for", flat=True)
+        .first()
+    )  # fmt: skip
+    planned = (
+        schedules_for(tenant=tenant)
+        .filter(state=Schedule.State.ACTIVE, next_run_at__isnull=False)
+        .order_by("next_run_at")
+        .values_list("next_run_at", flat=True)
+        .first()
+    )
+    return min((t for t in (pending, planned) if t is not None), default=None)
 
 
 def dlq_count(*, tenant: Tenant, now: datetime) -> int:

@@ -268,5 +268,15 @@ class TenantLabels:
 fair_share_delays = Counter(
     "tick_fair_share_delayed_total",
     "Claims delayed through the outbox because the tenant held its share of the live worker "
-    "slots (TICK_TENANT_SLOT_SHARE)",
+    "slots while another tenant had work waiting",
+)
+strict_reserve_delays = Counter(
+    "tick_strict_reserve_delayed_total",
+    "Claims of recovery work (catch-up lane, retries) delayed because recovery held every "
+    "slot outside the share reserved for on-time runs (TICK_STRICT_RESERVED_SHARE)",
+)
+deferred_beside_free_slots = Counter(
+    "tick_deferred_beside_free_slots_total",
+    "Fair-share deferrals of an occurrence waiting longer than TICK_DEFERRAL_ALERT_S while "
+    "a live worker slot was free",
 )

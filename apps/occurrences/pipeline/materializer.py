@@ -31,6 +31,7 @@ from django.db import connection, transaction
 from django.db.backends.utils import CursorWrapper
 
 from apps.occurrences.alert_records import record_schedule_event_alerts
+from apps.occurrences.misfire import late_runs_allowed
 from apps.occurrences.models import Lane, Occurrence, ShardLease, occurrence_id_for
 from apps.occurrences.observability import metrics
 from apps.occurrences.pipeline.bulk import array_literal
@@ -183,13 +184,9 @@ def _plan(row: _Row, now: datetime, horizon: datetime, config: MaterializeConfig
     resume_after = row.next_run_at - ONE_MICROSECOND
     if row.next_run_at < cutoff:
         # Misfire: instants older than now - max_lateness, found from the persisted
-        # next_run_at (never from "now"). Bookkeeping stays bounded whatever the outage.
-        fire_late_by_policy: dict[str, int] = {
-            Schedule.MisfirePolicy.SKIP: 0,
-            Schedule.MisfirePolicy.FIRE_ONCE: 1,
-            Schedule.MisfirePolicy.CATCHUP: row.catchup_limit,
-        }
-        fire_late = fire_late_by_policy.get(row.misfire_policy, 0)
+        # next_run_at (never from "now"), judged by the rule the relay and the claim apply
+        # too (misfire.py). Bookkeeping stays bounded whatever the outage.
+        fire_late = late_runs_allowed(row.misfire_policy, row.catchup_limit)
         keep = fire_late + config.missed_record_limit
         late, complete = _latest_before(row, cutoff, keep)
         fired = late[len(late) - fire_late :] if fire_late else []

@@ -3,10 +3,11 @@ trusted to deliver what it confirmed.
 
 A message can be acknowledged without its work being done (a task that raised while the
 database restarted, a purged queue, a lost broker node). Its occurrence then stays ENQUEUED
-with no attempt, and nothing else would ever move it: the lease reaper only sees RUNNING
-attempts. `occurrences_redeliver` (run by `manage.py reap`) republishes such occurrences
-through the outbox with the same id once nothing claimed them for `after_s` after their
-latest broker confirm (`last_enqueued_at`, recorded by the relay).
+(or WAITING, when the lost message was a QUEUE_ONE re-check) with no attempt, and nothing
+else would ever move it: the lease reaper only sees RUNNING attempts.
+`occurrences_redeliver` (run by `manage.py reap`) republishes such occurrences through the
+outbox with the same id once nothing claimed them for `after_s` after their latest broker
+confirm (`last_enqueued_at`, recorded by the relay).
 
 A republish during a legitimate backlog longer than the bound is only a same-id duplicate:
 the claim drops whichever copy comes second. Each occurrence is republished at most once
@@ -17,7 +18,7 @@ republish `last_enqueued_at` moves to the new confirm.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -25,9 +26,10 @@ from django.db import connection, transaction
 from apps.occurrences.models import Lane, Occurrence
 from apps.occurrences.observability import metrics
 
-# `lost` walks occurrence_enqueued_open_idx (published, unfinished occurrences by first
-# confirm: the in-flight work only) in the day partitions of the lookback; the first
-# confirm is never later than the latest, so `enqueued_at < cutoff` is a safe index bound.
+# `lost` walks occurrence_open_idx (unfinished occurrences by instant: the in-flight work
+# only) over the lookback; the first confirm is never later than the latest, so
+# `enqueued_at < cutoff` only filters (the index leaves enqueued_at out so that recording
+# it can be a HOT update).
 # The outbox has no index on occurrence_id: the schedule's shard narrows the pending-row
 # probe through outbox_due_idx, so no plan can scan the whole outbox once per candidate.
 # SKIP LOCKED: an occurrence being claimed right now is left to its claim.
@@ -39,7 +41,7 @@ _REDELIVER = """
         WHERE o.scheduled_for >= %(since)s AND o.scheduled_for <= %(now)s
           AND o.enqueued_at IS NOT NULL AND o.finished_at IS NULL
           AND o.enqueued_at < %(cutoff)s
-          AND o.state = %(enqueued)s
+          AND o.state = ANY(%(states)s)
           AND COALESCE(o.last_enqueued_at, o.enqueued_at) < %(cutoff)s
           AND NOT EXISTS (
               SELECT 1 FROM occurrences_attempt a
@@ -81,8 +83,22 @@ class RedeliverResult:
     republished: int
 
 
+# ENQUEUED: published, never claimed. WAITING: parked behind a QUEUE_ONE run, kept alive by
+# a re-check message every TICK_OVERLAP_RECHECK_S (each confirm moves `last_enqueued_at`):
+# one whose re-check message was lost has no outbox row and a confirm that stopped moving.
+REDELIVERED_STATES = (Occurrence.State.ENQUEUED, Occurrence.State.WAITING)
+# The deep pass (`deep=True`) has no look-back: an occurrence ENQUEUED for longer than it (a
+# backfilled instant of last week, a row stranded across a long outage) is redelivered too.
+DISTANT_PAST = datetime(1970, 1, 1, tzinfo=UTC)
+
+
 def occurrences_redeliver(
-    *, now: datetime, after_s: int, limit: int = 1000, lookback_s: int | None = None
+    *,
+    now: datetime,
+    after_s: int,
+    limit: int = 1000,
+    lookback_s: int | None = None,
+    deep: bool = False,
 ) -> RedeliverResult:
     """Republish, in one set-based statement and transaction, up to `limit` occurrences
     that are ENQUEUED with no open attempt and no pending outbox row, and whose latest
@@ -90,19 +106,21 @@ def occurrences_redeliver(
     with the same occurrence id, and `redelivery_count`/`last_redelivered_at` recorded.
 
     Only occurrences scheduled in the last `lookback_s` (default TICK_RETRY_DEADLINE_S)
-    are looked at, so partitions are pruned; older ones are left to the reconciliation
-    audit.
+    are looked at, so partitions are pruned; with `deep`, every partition is (the reaper
+    runs that pass every TICK_REDELIVER_DEEP_EVERY_S): ENQUEUED or WAITING rows scheduled
+    longer ago - backfilled instants, rows left across a long outage - are not left behind.
     """
     lookback = settings.TICK_RETRY_DEADLINE_S if lookback_s is None else lookback_s
+    since = DISTANT_PAST if deep else now - timedelta(seconds=lookback)
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(
             _REDELIVER,
             {
                 "now": now,
-                "since": now - timedelta(seconds=lookback),
+                "since": since,
                 "cutoff": now - timedelta(seconds=after_s),
                 "limit": limit,
-                "enqueued": Occurrence.State.ENQUEUED,
+                "states": [str(state) for state in REDELIVERED_STATES],
                 "lane": Lane.RETRY,
             },
         )

@@ -42,6 +42,7 @@ from django.db.backends.utils import CursorWrapper
 from django.utils import timezone
 
 from apps.occurrences.alert_records import DEAD_ALERT_PARAMS, dead_alerts_cte
+from apps.occurrences.misfire import RELAY_JUDGE_FLOOR, misfire_judge
 from apps.occurrences.models import Lane, Occurrence, ShardLease
 from apps.occurrences.observability import metrics
 from apps.occurrences.pipeline.broker import OutgoingMessage, Publisher, occurrence_message
@@ -82,6 +83,7 @@ class RelayResult:
     claimed: int = 0
     deferred: int = 0
     parked: int = 0
+    missed: int = 0
     published: int = 0
     failed: int = 0
     messages: int = 0
@@ -364,6 +366,43 @@ class Recorder(threading.Thread):
         self.join()
 
 
+_DROP_ROWS = "DELETE FROM occurrences_dispatchoutbox WHERE id = ANY(%s::bigint[])"
+_TO_CATCHUP_LANE = "UPDATE occurrences_dispatchoutbox SET lane = %s WHERE id = ANY(%s::bigint[])"
+
+
+def judge_late_rows(
+    cursor: CursorWrapper, rows: list[OutboxRow], result: RelayResult
+) -> list[OutboxRow]:
+    """The misfire policy for rows read late (an outage, a backlog): the rows whose instant
+    the policy gives up leave the outbox (their occurrence is MISSED); those it lets run
+    late go out in the catch-up lane, paced by the tenant's catch-up rate (misfire.py).
+    Retry-lane rows carry work that already started or was delayed on purpose: the claim
+    judges those."""
+    now = timezone.now()
+    late = [r for r in rows if r.lane != Lane.RETRY and r.scheduled_for < now - RELAY_JUDGE_FLOOR]
+    if not late:
+        return rows
+    verdicts = misfire_judge(
+        cursor, [(r.occurrence_id, r.scheduled_for) for r in late], now=now,
+        found_by=ShardLease.Role.RELAY,
+    )  # fmt: skip
+    missed = {str(i) for i in verdicts.missed}
+    runs = {str(i) for i in verdicts.late_runs}
+    dropped = [r.id for r in late if r.occurrence_id in missed]
+    moved = [r.id for r in late if r.occurrence_id in runs and r.lane != Lane.CATCHUP]
+    if dropped:
+        cursor.execute(_DROP_ROWS, [array_literal([str(i) for i in dropped])])
+        result.missed = len(dropped)
+    if moved:
+        cursor.execute(_TO_CATCHUP_LANE, [Lane.CATCHUP, array_literal([str(i) for i in moved])])
+    gone, catchup = set(dropped), set(moved)
+    return [
+        row._replace(lane=Lane.CATCHUP) if row.id in catchup else row
+        for row in rows
+        if row.id not in gone
+    ]
+
+
 def apply_quotas(
     cursor: CursorWrapper, rows: list[OutboxRow], throttle: TenantThrottle, result: RelayResult
 ) -> list[OutboxRow]:
@@ -453,6 +492,7 @@ def relay_step(
         marks = shard_marks(cursor, leases, shards)
         rows = _read_due(cursor, shards, config, recorder, before, skip)
         result.claimed = len(rows)
+        rows = judge_late_rows(cursor, rows, result)
         if throttle is not None and rows:
             rows = apply_quotas(cursor, rows, throttle, result)
     if not rows:

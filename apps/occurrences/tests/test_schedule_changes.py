@@ -88,8 +88,9 @@ def _states(schedule: Schedule) -> dict[datetime, list[str]]:
 
 
 def test_resume_before_the_next_instant_restores_it_and_it_runs_once(api_a, tenant_a, materialize):
-    # given: paused at 12:00:30, which canceled the materialized 12:01 and 12:02
-    schedule = _paused(api_a, tenant_a, materialize)
+    # given: paused at 12:00:30, which canceled the materialized 12:01 and 12:02 (run below
+    # at today's clock, long after 12:01: a max lateness that keeps 12:01 due)
+    schedule = _paused(api_a, tenant_a, materialize, max_lateness_s=7 * 86400)
 
     # when: resumed at 12:00:40, before 12:01
     body = _resume(api_a, schedule, NOW + timedelta(seconds=10))

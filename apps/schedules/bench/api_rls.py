@@ -94,7 +94,7 @@ def _sql_samples(tenant: Tenant, rounds: int) -> dict[str, list[float]]:
     for _ in range(rounds):
         samples["round_trip"].append(_sql_timed("SELECT 1", []))
         samples["owner"].append(_sql_timed(sql, params))
-        rls.request_begin(user_id=None, staff=False)
+        rls.request_begin(user_id=None)
         rls.tenant_enter(tenant.pk)
         samples["policy"].append(_sql_timed(sql, params))
         rls.request_end()

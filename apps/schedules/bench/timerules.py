@@ -36,6 +36,23 @@ _EXPRESSIONS = (
     "45 23 * * 5",
     "0 0 29 2 *",
 )
+# The day forms and wrapped ranges (docs/timerules.md "Last, nearest and nth days"), measured
+# apart so that the figures of the plain mix above stay comparable from run to run.
+_FORM_EXPRESSIONS = (
+    "0 0 L * *",
+    "0 18 LW * *",
+    "0 9 15W * *",
+    "0 0 L-2 * ?",
+    "0 9 ? * FRI#3",
+    "0 9 * * MON#2",
+    "30 2 * * SUNL",
+    "0 9 * * 5L",
+    "0 0 1,L * *",
+    "0 6 * NOV-MAR FRI-MON",
+    "0 0 L * FRI",
+    "*/15 * * * WED#5",
+    "0 12 1W * ?",
+)
 _ZONES = (
     "UTC",
     "America/New_York",
@@ -50,8 +67,10 @@ _ZONES = (
 )
 
 
-def _rules(distinct_rules: int, rng: random.Random) -> list[tuple[str, str]]:
-    pairs = [(e, z) for e in _EXPRESSIONS for z in _ZONES]
+def _rules(
+    distinct_rules: int, rng: random.Random, expressions: tuple[str, ...] = _EXPRESSIONS
+) -> list[tuple[str, str]]:
+    pairs = [(e, z) for e in expressions for z in _ZONES]
     rng.shuffle(pairs)
     if distinct_rules > len(pairs):
         raise ValueError(f"distinct_rules must be at most {len(pairs)}")
@@ -174,6 +193,7 @@ def bench_timerules(
     base = datetime(2026, 3, 8, 6, 0, tzinfo=UTC)  # NY spring-forward night: DST paths too
 
     uncached_us, uncached_us_10 = _uncached_figures(rules, base, uncached_calls, rng)
+    forms = _form_figures(base, schedules, distinct_rules, uncached_calls, rng)
 
     return {
         "schedules": schedules,
@@ -183,6 +203,30 @@ def bench_timerules(
         "uncached_us_per_call": round(uncached_us, 1),
         "uncached_us_per_call_10": round(uncached_us_10, 1),
         **_memoised_figures(rules, base, schedules, distinct_afters, rng),
+        **forms,
+    }
+
+
+def _form_figures(
+    base: datetime, schedules: int, distinct_rules: int, calls: int, rng: random.Random
+) -> dict[str, object]:
+    """The day-form rules: validation from cold (their 400-year check), uncached next fires,
+    and the memoised next fire of ``schedules`` schedules sharing ``distinct_rules`` of them."""
+    started = time.perf_counter()
+    for expression in _FORM_EXPRESSIONS:
+        timerules._compile_cached.cache_clear()  # noqa: SLF001 (measure the cold compile)
+        timerules.validate_expression(expression)
+    validate_ms = (time.perf_counter() - started) / len(_FORM_EXPRESSIONS) * 1e3
+    rules = _rules(distinct_rules, rng, _FORM_EXPRESSIONS)
+    uncached_us, uncached_us_10 = _uncached_figures(rules, base, calls, rng)
+    items = _cache_items(rules, schedules, rng, lambda: base)
+    same_s, same_evaluations, _ = _on_cold_cache(lambda cache: cache.next_after_many(items))
+    return {
+        "forms_validate_ms": round(validate_ms, 2),
+        "forms_uncached_us_per_call": round(uncached_us, 1),
+        "forms_uncached_us_per_call_10": round(uncached_us_10, 1),
+        "forms_memoised_same_after_s": round(same_s, 3),
+        "forms_memoised_same_after_evaluations": same_evaluations,
     }
 
 
@@ -201,4 +245,10 @@ def format_results(results: dict[str, object]) -> list[str]:
         f"{r['memoised_spread_after_s']} s ({r['memoised_spread_after_evaluations']} evaluations)",
         f"  memoised 10-minute window, same after: {r['memoised_window_10min_s']} s "
         f"({r['memoised_window_10min_evaluations']} evaluations)",
+        f"day forms (L, W, #, wrapped ranges), {len(_FORM_EXPRESSIONS)} rules:",
+        f"  validate from cold (400-year check): {r['forms_validate_ms']} ms/rule",
+        f"  uncached next_fire_times(count=1):  {r['forms_uncached_us_per_call']} µs/call",
+        f"  uncached next_fire_times(count=10): {r['forms_uncached_us_per_call_10']} µs/call",
+        f"  memoised next fire, same after:     {r['forms_memoised_same_after_s']} s "
+        f"({r['forms_memoised_same_after_evaluations']} evaluations)",
     ]

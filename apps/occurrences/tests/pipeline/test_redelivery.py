@@ -167,6 +167,35 @@ def test_only_the_lookback_is_scanned(tenant_a):
     assert DispatchOutbox.objects.get().occurrence_id == old.id
 
 
+def test_the_deep_pass_reaches_instants_older_than_the_lookback(tenant_a):
+    # A backfilled instant of three days ago, published and then lost: its instant is far
+    # outside the day of instants each pass reads.
+    backfilled = _enqueued(tenant_a, minutes_ago=3 * 24 * 60, last_minutes_ago=20)
+
+    usual = occurrences_redeliver(now=timezone.now(), after_s=AFTER_S)
+    deep = occurrences_redeliver(now=timezone.now(), after_s=AFTER_S, deep=True)
+
+    assert (usual.republished, deep.republished) == (0, 1)
+    assert DispatchOutbox.objects.get().occurrence_id == backfilled.id
+
+
+def test_a_waiting_occurrence_whose_recheck_message_was_lost_is_republished(tenant_a):
+    # QUEUE_ONE: parked WAITING behind a long run, its re-check confirmed 20 minutes ago and
+    # never claimed (the message was lost), no re-check row pending.
+    sched = schedule(tenant_a, overlap_policy=Schedule.OverlapPolicy.QUEUE_ONE)
+    lost = _enqueued(tenant_a, minutes_ago=25, last_minutes_ago=20, sched=sched,
+                     state=Occurrence.State.WAITING)  # fmt: skip
+    # one whose re-check chain is alive (confirmed a moment ago) is left alone
+    alive = _enqueued(tenant_a, minutes_ago=25, last_minutes_ago=0, sched=sched,
+                      state=Occurrence.State.WAITING)  # fmt: skip
+
+    result = occurrences_redeliver(now=timezone.now(), after_s=AFTER_S)
+
+    assert result.republished == 1
+    assert DispatchOutbox.objects.get().occurrence_id == lost.id
+    assert Occurrence.objects.get(id=alive.id).redelivery_count == 0
+
+
 def test_api_web_page_and_admin_show_the_redelivery(api_a, client, alice, admin_client, tenant_a):
     occ = _enqueued(tenant_a, minutes_ago=15)
     now = timezone.now()

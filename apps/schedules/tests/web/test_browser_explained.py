@@ -132,3 +132,35 @@ def test_list_shows_health_and_filters_the_failing(live_server, browser, alice, 
     browser.get(f"{live_server.url}/schedules/?health=failing")
     names = [a.text for a in browser.find_elements(By.CSS_SELECTOR, "tr[data-schedule] td a")]
     assert names == ["partner webhook"]
+
+
+def test_form_explains_the_day_forms_and_their_dst_warning(live_server, browser, alice, tenant_a):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    driver = browser
+    _login(driver, live_server.url, "alice", "pw-alice-123")
+    driver.get(f"{live_server.url}/schedules/new/")
+    expression = driver.find_element(By.NAME, "expression")
+    for rule, words in [
+        ("0 0 L * *", "At 00:00, on the last day of the month"),
+        ("0 9 ? * MON#2", "At 09:00, on the second Monday of the month"),
+        ("0 18 LW * *", "At 18:00, on the last weekday of the month"),
+    ]:
+        expression.send_keys(Keys.CONTROL, "a")
+        expression.send_keys(rule)
+        _wait(driver, lambda d, words=words: _words(d) == words)
+    expression.send_keys(Keys.CONTROL, "a")
+    expression.send_keys("0 9 * * MON#6")
+    _wait(driver, lambda d: "the n of d#n must be 1-5" in _words(d))
+    # Europe/London springs forward on the last Sunday of March at 01:00: a rule for 01:30 on
+    # the last Sunday of each month meets the gap.
+    expression.send_keys(Keys.CONTROL, "a")
+    expression.send_keys("30 1 * * SUNL")
+    zone = driver.find_element(By.NAME, "time_zone")
+    zone.send_keys(Keys.CONTROL, "a")
+    zone.send_keys("Europe/London")
+    _wait(driver, lambda d: "01:30 does not exist on" in _warning(d))
+    assert _words(driver) == "At 01:30, on the last Sunday of the month"
+    driver.find_element(By.NAME, "name").send_keys("month-end sweep")
+    _shot(driver, "schedule-form-day-forms")
