@@ -8,7 +8,8 @@ ENV_FILE := .run/services.env
 
 export DJANGO_DEBUG ?= 1
 
-.PHONY: run test lint pytest install services services-stop migrate schema clean browsers
+.PHONY: run test lint pytest pytest-pooler install services services-stop migrate schema clean browsers \
+	pgbouncer ha-packages patroni
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -55,8 +56,43 @@ browsers:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
 	  apt-get install -y -qq --no-install-recommends chromium chromium-driver; }
 
-pytest: services browsers
+# PgBouncer (Debian's 1.18) for the pooler tests and production's transaction pooling
+# (docs/operations.md "PgBouncer"); only the binary is used, the packaged service stays off.
+pgbouncer:
+	@test -x /usr/sbin/pgbouncer || { \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	  apt-get install -y -qq --no-install-recommends pgbouncer; }
+
+# etcd, Patroni and HAProxy (Debian's packages) for the failover tests; the packaged services
+# stay off (no systemd here; elsewhere `systemctl disable` them if only the tests need them).
+ha-packages:
+	@test -x /usr/bin/patroni -a -x /usr/bin/etcd -a -x /usr/sbin/haproxy || { \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	  apt-get install -y -qq --no-install-recommends patroni etcd-server haproxy; }
+
+# A private etcd + two PostgreSQL nodes under Patroni + HAProxy on their own ports and data
+# directories (docs/operations.md "PostgreSQL under Patroni"); prints its DATABASE_URL, Ctrl-C
+# removes it.
+patroni: install ha-packages
+	$(BIN)/python scripts/patroni_cluster.py
+
+# API, web and engine tests again with every connection through a private PgBouncer in
+# transaction mode (conftest.py `_through_pgbouncer`): the slower pooler group.
+POOLER_SUITE := apps/tenants/tests/test_rls.py apps/tenants/tests/test_pooler_leak.py \
+	apps/tenants/tests/test_keys.py apps/tenants/tests/test_idempotency.py \
+	apps/tenants/tests/test_rate_limit.py apps/tenants/tests/test_views.py \
+	apps/schedules/tests/api/test_api.py apps/schedules/tests/api/test_api_lifecycle.py \
+	apps/schedules/tests/api/test_api_concurrency.py apps/schedules/tests/web/test_views.py \
+	apps/occurrences/tests/interfaces/test_manual_runs_api.py \
+	apps/occurrences/tests/interfaces/test_views.py \
+	apps/occurrences/tests/execution/test_execution.py
+
+pytest-pooler: services pgbouncer
+	set -a && source $(ENV_FILE) && set +a && TICK_TEST_PGBOUNCER=1 $(BIN)/pytest $(POOLER_SUITE)
+
+pytest: services browsers pgbouncer ha-packages
 	set -a && source $(ENV_FILE) && set +a && $(BIN)/pytest
+	$(MAKE) --no-print-directory pytest-pooler
 
 test: lint pytest
 

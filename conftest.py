@@ -3,6 +3,7 @@ API clients authenticated by each tenant's key."""
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -15,6 +16,21 @@ from apps.occurrences.execution import presence
 from apps.occurrences.pipeline import partitions
 from apps.tenants.models import Membership, Tenant
 from apps.tenants.services import api_key_create, membership_grant, tenant_create
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _through_pgbouncer(request: pytest.FixtureRequest) -> Iterator[None]:
+    """TICK_TEST_PGBOUNCER=1 (`make pytest` runs the pooler suite so): every connection of
+    the run reaches the test database through a private PgBouncer in transaction mode, as
+    the web and the workers do in production (docs/operations.md "PgBouncer")."""
+    if not os.environ.get("TICK_TEST_PGBOUNCER"):
+        yield
+        return
+    request.getfixturevalue("django_db_setup")
+    from tickweb.pgbouncer import django_through_pgbouncer
+
+    with django_through_pgbouncer(pool_size=4):
+        yield
 
 
 @pytest.fixture(autouse=True)

@@ -9,6 +9,7 @@ as `Retry-After` (429) and `WWW-Authenticate` (401) are kept.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from django.conf import settings
@@ -105,3 +106,18 @@ def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpR
     if request.path.startswith("/api/"):
         return JsonResponse(error_body("not_found", "Not found."), status=404)
     return page_not_found(request, exception or Http404())
+
+
+def api_route_not_found(request: HttpRequest) -> HttpResponse:
+    """The URL conf's last route: any /api/ path no other route matched (docs/api.md)."""
+    return JsonResponse(error_body("not_found", "Not found."), status=404)
+
+
+_FAVICON = Path(__file__).resolve().parent.parent / "static" / "tick" / "favicon.ico"
+
+
+def favicon(request: HttpRequest) -> HttpResponse:
+    """/favicon.ico: the file of static/tick/, cached for a day."""
+    response = HttpResponse(_FAVICON.read_bytes(), content_type="image/x-icon")
+    response["Cache-Control"] = "public, max-age=86400"
+    return response

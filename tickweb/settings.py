@@ -163,6 +163,16 @@ DATABASES = {
         conn_health_checks=True,
     )
 }
+# Behind a transaction-mode pooler (PgBouncer, docs/operations.md "PgBouncer"): no state may
+# outlive a transaction. Django's server-side cursors (`.iterator()`) would be declared in
+# one transaction and fetched in another, and psycopg's automatic prepared statements live
+# on a server connection PgBouncer 1.18 hands to others (docs/decisions.md "PgBouncer").
+DATABASE_POOLER = env_str("DATABASE_POOLER", "")
+if DATABASE_POOLER == "transaction":
+    DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
+    DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = None
+elif DATABASE_POOLER:
+    raise ImproperlyConfigured("DATABASE_POOLER must be 'transaction' or empty")
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # Row-level security (docs/decisions.md "Row-level security", apps/tenants/rls.py): web
 # requests run as this role, which the tenant policies restrict; the migrations create it if
@@ -266,9 +276,12 @@ REST_FRAMEWORK = {
     "UNAUTHENTICATED_USER": None,
     # One JSON error shape for every 4xx (tickweb/exceptions.py).
     "EXCEPTION_HANDLER": "tickweb.exceptions.exception_handler",
+    # JSON is the only response format too: no browsable API, so no HTML page on every GET
+    # (docs/decisions.md "API documentation and the browsable API").
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     # JSON is the only request format; tickweb/parsers.py caps its size and depth.
     "DEFAULT_PARSER_CLASSES": ["tickweb.parsers.TickJSONParser"],
-    # Per-key rate limit counted in PostgreSQL, shared by every web process (ratelimit.py).
+    # Per-tenant rate limit counted in PostgreSQL, shared by every web process (ratelimit.py).
     "DEFAULT_THROTTLE_CLASSES": ["tickweb.ratelimit.ApiKeyRateThrottle"],
 }
 SPECTACULAR_SETTINGS = {
@@ -305,6 +318,9 @@ TICK_IDEMPOTENCY_TTL_S = max(env_int("TICK_IDEMPOTENCY_TTL_S", 48 * 3600), 24 * 
 TICK_RECEIPT_LOOKBACK_S = env_int("TICK_RECEIPT_LOOKBACK_S", 24 * 3600)
 # One backfill request runs at most this many instants (more: 400 naming the maximum).
 TICK_BACKFILL_MAX_INSTANTS = env_int("TICK_BACKFILL_MAX_INSTANTS", 1000)
+# Run-now requests one schedule accepts per minute (a sliding minute; 429 beyond it, replays
+# of a request id not counted): a button or a loop cannot queue runs faster than they matter.
+TICK_RUN_NOW_PER_MIN = env_int("TICK_RUN_NOW_PER_MIN", 10)
 
 # --- Celery / RabbitMQ ------------------------------------------------------------------
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "amqp://guest:guest@127.0.0.1:5672//")

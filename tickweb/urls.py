@@ -3,12 +3,13 @@ from django.contrib import admin
 from django.contrib.contenttypes.views import shortcut
 from django.core.exceptions import ValidationError
 from django.http import Http404, HttpRequest, HttpResponse
-from django.urls import include, path
+from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
 from apps.occurrences.admin import admin_urlpatterns as occurrence_admin_urls
 from apps.occurrences.observability import health, metrics_access
 from tickweb.csp import SWAGGER_INLINE_STYLE_TEMPLATES, style_hash_update
+from tickweb.exceptions import api_route_not_found, favicon
 
 
 def view_on_site(request: HttpRequest, content_type_id: str, object_id: str) -> HttpResponse:
@@ -49,6 +50,11 @@ urlpatterns = [
     path("", include("apps.tenants.urls")),
     path("", include("apps.schedules.urls")),
     path("", include("apps.occurrences.urls")),
+    # Browsers ask every site for /favicon.ico, the admin's pages included.
+    path("favicon.ico", favicon, name="favicon"),
+    # Last: an /api/ path no route matched answers the API's JSON error shape even with
+    # DJANGO_DEBUG=1 (Django's debug 404 page bypasses handler404).
+    re_path(r"^api/", api_route_not_found, name="api-not-found"),
 ]
 
 # Django-level 400s (e.g. a body over DATA_UPLOAD_MAX_MEMORY_SIZE → 413) in the API error shape.

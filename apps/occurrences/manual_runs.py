@@ -93,6 +93,13 @@ _IN_FLIGHT = (
 )
 
 
+class RunNowTooOften(LifecycleError):
+    """More run-now requests for one schedule within a minute than TICK_RUN_NOW_PER_MIN."""
+
+    status = 429
+    code = "rate_limited"
+
+
 class BackfillTooLarge(LifecycleError):
     status = 400
     code = "backfill_too_large"
@@ -241,6 +248,35 @@ _RUNNING = """
 """
 
 
+# The schedule's run-now occurrences of the last minute (they are due when asked for, so
+# `scheduled_for` is their request time); the schedule/time index, today's partitions only.
+_RECENT_RUNS_NOW = """
+    SELECT scheduled_for FROM occurrences_occurrence
+    WHERE schedule_id = %(schedule)s AND scheduled_for > %(since)s AND origin = %(manual)s
+    ORDER BY scheduled_for LIMIT %(limit)s
+"""
+
+
+def _refuse_too_often(schedule: Schedule, now: datetime) -> None:
+    """Under the schedule lock: refuse a run now beyond TICK_RUN_NOW_PER_MIN in the last
+    minute, with the seconds until the oldest of them leaves the minute."""
+    limit = settings.TICK_RUN_NOW_PER_MIN
+    with connection.cursor() as cursor:
+        cursor.execute(_RECENT_RUNS_NOW, {
+            "schedule": schedule.id, "since": now - timedelta(minutes=1),
+            "manual": str(Occurrence.Origin.MANUAL), "limit": limit,
+        })  # fmt: skip
+        recent = [row[0] for row in cursor.fetchall()]
+    if len(recent) < limit:
+        return
+    wait = recent[0] + timedelta(minutes=1) - now
+    raise RunNowTooOften(
+        f"This schedule was run now {limit} times in the last minute, the most it accepts; "
+        "try again shortly.",
+        retry_after_s=max(1, int(wait.total_seconds()) + 1),
+    )
+
+
 def _reason_of(state: str) -> str:
     return SKIPPED_WHILE_RUNNING if state == Occurrence.State.SKIPPED_OVERLAP else ""
 
@@ -260,6 +296,7 @@ def schedule_run_now(
     1. Make sure today's partition exists (DDL outside the transaction).
     2. Lock the schedule; refuse a canceled one (409).
     3. The request id's occurrence already exists: answer its receipt again (replayed).
+       Beyond TICK_RUN_NOW_PER_MIN new runs of the schedule in the last minute: 429.
     4. Under SKIP_IF_RUNNING with a run in progress: record it SKIPPED_OVERLAP, no outbox row.
        Otherwise SCHEDULED with an outbox row due now.
     5. Log RUN_NOW with the actor, the request id and the outcome.
@@ -279,6 +316,7 @@ def schedule_run_now(
                 ScheduleEvent.Kind.RUN_NOW, now, locked.version, occurrence_id, found[0],
                 Lane(found[1]), Occurrence.State(found[2]), request_id, True, _reason_of(found[2]),
             )  # fmt: skip
+        _refuse_too_often(locked, now)
         state = Occurrence.State.SCHEDULED
         if locked.overlap_policy == Schedule.OverlapPolicy.SKIP_IF_RUNNING and _running_now(
             locked, now

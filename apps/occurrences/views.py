@@ -171,8 +171,9 @@ def _short(ids: Iterable[uuid.UUID]) -> str:
 
 def replay_summary(result: ReplayResult) -> str:
     """What a replay did, in one message: replayed, left alone (with their state), not found."""
+    # Ids are shortened with "…": a sentence ending in one takes no period after it ("….").
     parts = [f"Replayed {len(result.replayed)} occurrence{pluralize(len(result.replayed))}"
-             + (f": {_short(result.replayed)}." if result.replayed else ".")]  # fmt: skip
+             + (f": {_short(result.replayed)}" if result.replayed else ".")]  # fmt: skip
     if result.not_dead:
         states = ", ".join(f"{str(i)[:8]}… ({st})" for i, st in result.not_dead.items())
         parts.append(f"Not DEAD, left alone: {states}.")

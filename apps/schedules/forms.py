@@ -128,7 +128,10 @@ class ScheduleForm(forms.Form):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["handler"].choices = [(n, n) for n in handler_names()]  # type: ignore[attr-defined]
+        # No handler preselected: `record` is the demo's, not for production (README).
+        self.fields["handler"].choices = [("", "— choose a handler —")] + [  # type: ignore[attr-defined]
+            (n, n) for n in handler_names()
+        ]
 
     def clean_payload(self) -> Any:
         text = self.cleaned_data.get("payload") or ""

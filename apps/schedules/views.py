@@ -27,7 +27,7 @@ from apps.occurrences.manual_runs import (
     schedule_backfill,
     schedule_run_now,
 )
-from apps.occurrences.models import Attempt
+from apps.occurrences.models import Attempt, Lane, Occurrence
 from apps.occurrences.schedule_changes import (
     LifecycleResult,
     schedule_cancel,
@@ -239,7 +239,7 @@ def _detail(
 @tenant_page
 def schedule_detail(request: HttpRequest, schedule_id: str) -> HttpResponse:
     schedule = access_schedule(tenant=tick_of(request).tenant, schedule_id=schedule_id)
-    return _detail(request, schedule)
+    return _detail(request, schedule, manual=_run_receipt_shown(request, schedule))
 
 
 def _form_page(
@@ -254,7 +254,7 @@ def _form_page(
 def schedule_new(request: HttpRequest) -> HttpResponse:
     tick = tick_of(request)
     if request.method != "POST":
-        initial = {"handler": "record", "kind": "cron"}
+        initial = {"kind": "cron"}
         return _form_page(request, ScheduleForm(initial=initial), None)
     admin_only(request)
     form = ScheduleForm(request.POST)
@@ -430,8 +430,33 @@ def schedule_run_view(request: HttpRequest, schedule_id: str) -> HttpResponse:
     except LifecycleError as err:
         messages.error(request, err.message)
         return _detail(request, schedule, status=err.status)
-    schedule.refresh_from_db()
-    return _detail(request, schedule, manual=receipt)
+    # Post/redirect/get: the receipt is shown once on the schedule's own address, so the
+    # address bar leaves /run/ and a reload asks nothing again (docs/ui.md).
+    request.session[_RUN_RECEIPT] = {
+        "schedule": str(schedule.id), "at": receipt.at.isoformat(), "version": receipt.version,
+        "occurrence": str(receipt.occurrence), "scheduled_for": receipt.scheduled_for.isoformat(),
+        "lane": str(receipt.lane), "state": str(receipt.state),
+        "request_id": receipt.request_id, "replayed": receipt.replayed,
+    }  # fmt: skip
+    return redirect("schedule-detail", schedule_id=schedule.id)
+
+
+_RUN_RECEIPT = "tick_run_receipt"
+
+
+def _run_receipt_shown(request: HttpRequest, schedule: Schedule) -> RunNowReceipt | None:
+    """The receipt `schedule_run_view` left for this schedule's page, once."""
+    saved = request.session.get(_RUN_RECEIPT)
+    if not isinstance(saved, dict) or saved.get("schedule") != str(schedule.id):
+        return None
+    del request.session[_RUN_RECEIPT]
+    return RunNowReceipt(
+        action=ScheduleEvent.Kind.RUN_NOW, at=datetime.fromisoformat(saved["at"]),
+        version=int(saved["version"]), occurrence=uuid.UUID(saved["occurrence"]),
+        scheduled_for=datetime.fromisoformat(saved["scheduled_for"]), lane=Lane(saved["lane"]),
+        state=Occurrence.State(saved["state"]), request_id=saved["request_id"],
+        replayed=bool(saved["replayed"]),
+    )  # fmt: skip
 
 
 @tenant_page

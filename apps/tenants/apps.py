@@ -1,5 +1,4 @@
 from django.apps import AppConfig
-from django.db.backends.signals import connection_created
 
 
 class TenantsConfig(AppConfig):
@@ -15,10 +14,6 @@ class TenantsConfig(AppConfig):
         # Session bookkeeping at login, like Django's own last_login update (not domain logic;
         # docs/decisions.md: session list).
         user_logged_in.connect(session_logged_in, dispatch_uid="tick-user-session")
-        from apps.tenants import rls
-
-        # A connection reopened mid-request keeps the request's row-level security.
-        connection_created.connect(rls.reapply_on_reconnect, dispatch_uid="tick-rls-reapply")
         from django.db.models.signals import pre_delete
 
         from apps.tenants.members import membership_deleted
@@ -29,6 +24,8 @@ class TenantsConfig(AppConfig):
         # takes its keys with it.
         pre_delete.connect(membership_deleted, sender=Membership, dispatch_uid="tick-member-keys")
         from django.db.models.signals import post_migrate
+
+        from apps.tenants import rls
 
         # Every `migrate` stores the staff claims' key derived from the current SECRET_KEY, so
         # a rotated SECRET_KEY takes effect in the database at the next migrate.

@@ -8,11 +8,20 @@ from typing import Any
 from django import forms
 from django.contrib.auth import password_validation
 
+from apps.tenants.members import address_canonical
 from apps.tenants.models import Membership
 
 
+class AddressField(forms.EmailField):
+    """An e-mail address judged as Tick compares it (`address_canonical`): a look-alike of
+    an address is that address, before the format is checked."""
+
+    def to_python(self, value: Any) -> str:
+        return address_canonical(str(super().to_python(value)))
+
+
 class InviteForm(forms.Form):
-    email = forms.EmailField(max_length=150)
+    email = AddressField(max_length=150)
     role = forms.ChoiceField(choices=Membership.Role.choices, initial=Membership.Role.VIEWER)
 
 

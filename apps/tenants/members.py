@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+import unicodedata
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -58,8 +59,18 @@ def _ttl() -> timedelta:
     return timedelta(days=settings.TICK_INVITATION_TTL_DAYS)
 
 
+def address_canonical(email: str) -> str:
+    """`email` as Tick compares and stores it: NFKC (a full-width `ｅ` is an `e`) without
+    invisible format characters (a zero-width space, a soft hyphen, a BOM) and surrounding
+    whitespace, so a look-alike of a member's address is that address."""
+    folded = unicodedata.normalize("NFKC", email)
+    return "".join(char for char in folded if unicodedata.category(char) != "Cf").strip()
+
+
 def users_with_address(email: str) -> QuerySet[Any]:
-    """Accounts an invitation to `email` belongs to: username or e-mail, in any case."""
+    """Accounts an invitation to `email` belongs to: username or e-mail, in any case, after
+    `address_canonical`."""
+    email = address_canonical(email)
     return get_user_model().objects.filter(Q(username__iexact=email) | Q(email__iexact=email))
 
 
@@ -132,8 +143,9 @@ def invitation_create(
     """Invite `email` to `tenant` as `role` and mail the link (after commit).
 
     Refused (409) when the address is already a member or already has an open invitation,
-    expired ones included: re-sending renews that one."""
-    email = email.strip()
+    expired ones included: re-sending renews that one. The address is stored as
+    `address_canonical` makes it."""
+    email = address_canonical(email)
     if len(email) > USERNAME_MAX:
         raise RefusedRequest(
             f"Use an address of at most {USERNAME_MAX} characters: it becomes the username.",

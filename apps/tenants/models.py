@@ -35,7 +35,8 @@ class Tenant(models.Model):
     catchup_rate_per_s = models.PositiveIntegerField(default=50)
     # A rule whose consecutive fires come closer than this is refused at the API (400).
     min_interval_s = models.PositiveIntegerField(default=60)
-    # Requests per minute per API key (fixed window in PostgreSQL; 429 + Retry-After).
+    # API requests per minute of the tenant, all its keys together (fixed window in
+    # PostgreSQL; 429 + Retry-After).
     api_rate_per_min = models.PositiveIntegerField(default=600)
     # Transient-failure retries per UTC hour; beyond it a failing occurrence goes DEAD.
     retry_budget_per_hour = models.PositiveIntegerField(default=1_000)
@@ -141,17 +142,18 @@ class IdempotencyKey(models.Model):
         return f"{self.tenant_id}:{self.key}"
 
 
-class ApiKeyRateWindow(models.Model):
-    """Per-key request counter of the current fixed window (one row per key, upserted)."""
+class ApiRateWindow(models.Model):
+    """A tenant's API request counter of the current fixed window (one row per tenant,
+    upserted): every key of the tenant counts against one limit."""
 
-    api_key = models.OneToOneField(
-        ApiKey, on_delete=models.CASCADE, primary_key=True, related_name="+"
+    tenant = models.OneToOneField(
+        Tenant, on_delete=models.CASCADE, primary_key=True, related_name="+"
     )
     window_start = models.DateTimeField()
     count = models.PositiveIntegerField()
 
     def __str__(self) -> str:
-        return f"{self.api_key_id} {instant_text(self.window_start)} x{self.count}"
+        return f"{self.tenant_id} {instant_text(self.window_start)} x{self.count}"
 
 
 class TenantEvent(models.Model):

@@ -9,10 +9,11 @@ Two halves:
   `EnableTenantRLS` line in its migration; a door that must find a row before it knows the
   tenant (by a secret's hash) adds `AllowLookupBy` and calls `lookup_present`.
 * **Requests** (used by the web doors): the web process's requests run as the web role
-  (`SET ROLE`, a no-op when it already connects as that role) with the current tenant, user and
-  staff flag in session settings that the policies read. `request_begin` resets all of them at
-  the start of every request and `request_end` at its end, so a persistent connection never
-  carries one request's tenant into the next.
+  (`SET LOCAL ROLE`, a no-op when it already connects as that role) with the current tenant,
+  user and staff flag in settings that the policies read. They are transaction-local: an
+  execute wrapper starts every transaction of the request with them (`request_begin` installs
+  it, `request_end` removes it), so no tenant outlives its transaction — on a persistent
+  connection or behind a transaction-mode pooler (docs/decisions.md "Row-level security").
 
 The engine (materializer, relay, worker, reaper, audit, commands) connects as the tables'
 owner: row-level security is ENABLEd, not FORCEd, so the owner is exempt and its hot paths
@@ -24,15 +25,18 @@ from __future__ import annotations
 import hashlib
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
+import psycopg
 from django.conf import settings
 from django.db import connection, migrations
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.base.schema import BaseDatabaseSchemaEditor
 from django.db.migrations.state import StateApps
+from psycopg.pq import TransactionStatus
 
-# The session settings the policies read. Custom settings need a dotted name; unset they read
+# The settings the policies read. Custom settings need a dotted name; unset they read
 # as NULL (`current_setting(name, true)`), and '' (what `request_end` leaves) as no tenant.
 TENANT_SETTING = "tick.tenant_id"
 USER_SETTING = "tick.user_id"
@@ -112,6 +116,9 @@ class EnableTenantRLS(migrations.RunSQL):
         from_state: Any,
         to_state: Any,
     ) -> None:
+        # The policy calls the staff check: make sure it exists, whatever order the apps'
+        # migrations run in (idempotent).
+        _install_staff_check(from_state.apps, schema_editor)
         super().database_forwards(app_label, schema_editor, from_state, to_state)
         role = schema_editor.connection.ops.quote_name(web_role())
         schema_editor.execute(f'GRANT SELECT, INSERT, UPDATE, DELETE ON "{self.table}" TO {role}')
@@ -331,40 +338,99 @@ def PartitionsRLS() -> migrations.RunPython:  # noqa: N802 - reads like the othe
 
 # Kept on the connection object (which outlives a reconnect) while a request runs under the
 # web role: the doors below are no-ops outside a request (commands, the engine, tests calling
-# services directly), and a connection reopened mid-request gets the same settings again.
+# services directly).
 _SETTINGS = "tick_rls_settings"
+# A staff request's claim expiry: the claim itself is signed anew for each transaction's
+# backend (`_for_this_transaction`).
+_STAFF_EXPIRES = "tick_rls_staff_expires"
 
 
 def active(conn: BaseDatabaseWrapper | None = None) -> bool:
     return getattr(conn or connection, _SETTINGS, None) is not None
 
 
-def _apply(cursor: Any, values: dict[str, str]) -> None:
-    # One round trip; session scope (is_local = false): Tick's request code commits in
-    # several short transactions of its own (idempotency rows, the per-key rate counter), so
-    # the settings must outlive each of them, and `request_end` clears them.
-    select = ", ".join("set_config(%s, %s, false)" for _ in values)
-    cursor.execute(f"SELECT {select}", [item for pair in values.items() for item in pair])
+def _set_config_sql(values: dict[str, str]) -> tuple[str, list[str]]:
+    # Transaction scope (is_local = true, as SET LOCAL): nothing outlives the transaction, so
+    # a transaction-mode pooler may hand the server connection to anyone afterwards.
+    select = ", ".join("set_config(%s, %s, true)" for _ in values)
+    return f"SELECT {select}", [item for pair in values.items() for item in pair]
+
+
+def _raw_cursor(conn: BaseDatabaseWrapper) -> psycopg.ClientCursor[Any]:
+    # The driver's cursor, past Django's execute wrappers (ours among them); client-side
+    # binding whatever the OPTIONS say, so one call may carry BEGIN and the settings.
+    return psycopg.ClientCursor(conn.connection)
+
+
+def _in_transaction(conn: BaseDatabaseWrapper) -> bool:
+    raw = conn.connection
+    return raw is not None and raw.info.transaction_status == TransactionStatus.INTRANS
+
+
+def _for_this_transaction(
+    conn: BaseDatabaseWrapper, cursor: Any, values: dict[str, str]
+) -> dict[str, str]:
+    """`values` with a staff claim signed for the backend that runs this transaction (asked in
+    it: behind a transaction pooler each transaction may run on another backend)."""
+    expires = getattr(conn, _STAFF_EXPIRES, None)
+    state = getattr(conn, _SETTINGS, None) or {}
+    if not values.get(STAFF_SETTING) or expires is None or not state.get(USER_SETTING):
+        return values
+    cursor.execute("SELECT pg_backend_pid()")
+    row = cursor.fetchone()
+    pid = int(row[0]) if row else 0
+    claim = staff_claim_sign(pid=pid, user_id=int(state[USER_SETTING]), expires=expires)
+    return {**values, STAFF_SETTING: claim}
+
+
+def _apply_now(conn: BaseDatabaseWrapper, values: dict[str, str]) -> None:
+    """Into the transaction that is open now (a change of tenant in mid-transaction, or a
+    test's enclosing transaction); an idle connection gets them with its next statement."""
+    if _in_transaction(conn):
+        with conn.wrap_database_errors, _raw_cursor(conn) as cursor:
+            sql, params = _set_config_sql(_for_this_transaction(conn, cursor, values))
+            cursor.execute(sql, params)
+
+
+def _with_settings(
+    execute: Callable[..., Any], sql: str, params: Any, many: bool, context: dict[str, Any]
+) -> Any:
+    """Execute wrapper of a request's connection: every transaction the request runs starts
+    with the request's settings. A statement in an open transaction runs as it is; the first
+    statement of an `atomic` block is preceded by the settings (which begin the transaction);
+    an autocommit statement is wrapped in BEGIN, the settings, COMMIT."""
+    conn: BaseDatabaseWrapper = context["connection"]
+    values = getattr(conn, _SETTINGS, None)
+    raw = conn.connection
+    if not values or raw is None or raw.info.transaction_status != TransactionStatus.IDLE:
+        return execute(sql, params, many, context)
+    autocommit = conn.get_autocommit()
+    with conn.wrap_database_errors, _raw_cursor(conn) as cursor:
+        begin = "BEGIN; " if autocommit else ""
+        if begin and values.get(STAFF_SETTING):
+            cursor.execute("BEGIN")  # the claim needs this transaction's backend first
+            begin = ""
+        settings_sql, settings_params = _set_config_sql(_for_this_transaction(conn, cursor, values))
+        cursor.execute(begin + settings_sql, settings_params)
+    if not autocommit:
+        return execute(sql, params, many, context)
+    try:
+        result = execute(sql, params, many, context)
+    except BaseException:
+        if raw.info.transaction_status in (TransactionStatus.INTRANS, TransactionStatus.INERROR):
+            with conn.wrap_database_errors, _raw_cursor(conn) as cursor:
+                cursor.execute("ROLLBACK")
+        raise
+    with conn.wrap_database_errors, _raw_cursor(conn) as cursor:
+        cursor.execute("COMMIT")
+    return result
 
 
 def _set(values: dict[str, str]) -> None:
     current = getattr(connection, _SETTINGS, None)
     if current is not None:
         current.update(values)
-    with connection.cursor() as cursor:
-        _apply(cursor, values)
-
-
-def reapply_on_reconnect(sender: Any, connection: BaseDatabaseWrapper, **kwargs: Any) -> None:
-    """`connection_created` receiver: a connection reopened in the middle of a request (after
-    an error closed it) is the login role with no settings — the owner, in the `SET ROLE`
-    set-up. Restore the request's role and tenant before anything else runs on it."""
-    values = getattr(connection, _SETTINGS, None)
-    if values:
-        if values.get(STAFF_SETTING):  # a claim is signed for one backend: sign it anew
-            values[STAFF_SETTING] = staff_claim(connection, int(values[USER_SETTING]))
-        with connection.cursor() as cursor:
-            _apply(cursor, values)
+    _apply_now(connection, values)
 
 
 def request_begin(*, user_id: int | None) -> None:
@@ -378,51 +444,39 @@ def request_begin(*, user_id: int | None) -> None:
         STAFF_SETTING: "",
     }
     setattr(connection, _SETTINGS, dict(values))
-    _set(values)
-
-
-_PID = "tick_rls_backend_pid"
-
-
-def _backend_pid(conn: BaseDatabaseWrapper) -> int:
-    """This connection's server process id, asked once per connection."""
-    raw = conn.connection
-    cached = getattr(conn, _PID, None)
-    if cached is not None and cached[0] is raw:
-        return int(cached[1])
-    with conn.cursor() as cursor:
-        cursor.execute("SELECT pg_backend_pid()")
-        row = cursor.fetchone()
-    pid = int(row[0]) if row else 0
-    setattr(conn, _PID, (conn.connection, pid))
-    return pid
-
-
-def staff_claim(conn: BaseDatabaseWrapper, user_id: int) -> str:
-    expires = int(time.time()) + STAFF_CLAIM_TTL_S
-    return staff_claim_sign(pid=_backend_pid(conn), user_id=user_id, expires=expires)
+    setattr(connection, _STAFF_EXPIRES, None)
+    if _with_settings not in connection.execute_wrappers:
+        connection.execute_wrappers.append(_with_settings)
+    _apply_now(connection, values)
 
 
 def staff_enter(user_id: int) -> None:
     """A staff request of the Django admin that passed the second factor: every tenant's
-    rows show, through a claim signed for this connection and user."""
+    rows show, through a claim signed for each transaction's backend and this user, valid
+    for STAFF_CLAIM_TTL_S from now."""
     if active():
-        _set({USER_SETTING: str(user_id), STAFF_SETTING: staff_claim(connection, user_id)})
+        setattr(connection, _STAFF_EXPIRES, int(time.time()) + STAFF_CLAIM_TTL_S)
+        _set({USER_SETTING: str(user_id), STAFF_SETTING: "signed per transaction"})
 
 
 def request_end() -> None:
-    """End of a web request: back to the connection's own role, every setting cleared."""
+    """End of a web request: back to the connection's own role, every setting cleared (in a
+    transaction still open, e.g. a test's; elsewhere they ended with their transactions)."""
+    if _with_settings in connection.execute_wrappers:
+        connection.execute_wrappers.remove(_with_settings)
     if not active():
         return
     setattr(connection, _SETTINGS, None)
-    _set(
+    setattr(connection, _STAFF_EXPIRES, None)
+    _apply_now(
+        connection,
         {
             "role": "none",
             TENANT_SETTING: "",
             **dict.fromkeys(LOOKUP_SETTINGS, ""),
             USER_SETTING: "",
             STAFF_SETTING: "",
-        }
+        },
     )
 
 

@@ -8,6 +8,7 @@ from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from apps.tenants.members import address_canonical
 from apps.tenants.models import Invitation, Membership
 
 
@@ -58,12 +59,13 @@ class InvitationSerializer(serializers.ModelSerializer[Invitation]):
 
 
 class StrictEmailField(serializers.EmailField):
-    """A JSON string only (DRF's CharField would turn 123 into "123" before the check)."""
+    """A JSON string only (DRF's CharField would turn 123 into "123" before the check),
+    judged as Tick compares addresses (`address_canonical`)."""
 
     def to_internal_value(self, data: Any) -> str:
         if not isinstance(data, str):
             self.fail("invalid")
-        return str(super().to_internal_value(data))
+        return str(super().to_internal_value(address_canonical(data)))
 
 
 class InvitationCreateSerializer(serializers.Serializer[Any]):

@@ -270,19 +270,19 @@ def _iso_or_none(value: datetime | None) -> str | None:
 
 
 # --------------------------------------------------------------------------------------------
-# Per-key request rate: one fixed window per key, counted in PostgreSQL
+# API request rate: one fixed window per tenant, counted in PostgreSQL
 # --------------------------------------------------------------------------------------------
 
 RATE_WINDOW_S = 60
 
 # One upsert per request: a new window resets the count, the same window increments it. The
-# row lock it takes serialises one key's concurrent requests for microseconds only.
+# row lock it takes serialises one tenant's concurrent requests for microseconds only.
 _RATE_HIT = """
-    INSERT INTO tenants_apikeyratewindow (api_key_id, window_start, count)
+    INSERT INTO tenants_apiratewindow (tenant_id, window_start, count)
     VALUES (%s, %s, 1)
-    ON CONFLICT (api_key_id) DO UPDATE
-    SET count = CASE WHEN tenants_apikeyratewindow.window_start = EXCLUDED.window_start
-                     THEN tenants_apikeyratewindow.count + 1 ELSE 1 END,
+    ON CONFLICT (tenant_id) DO UPDATE
+    SET count = CASE WHEN tenants_apiratewindow.window_start = EXCLUDED.window_start
+                     THEN tenants_apiratewindow.count + 1 ELSE 1 END,
         window_start = EXCLUDED.window_start
     RETURNING count
 """
@@ -296,13 +296,14 @@ class RateDecision:
     retry_after_s: int
 
 
-def api_key_rate_hit(*, api_key: ApiKey, limit_per_min: int, now: datetime) -> RateDecision:
-    """Count one request of `api_key` in the current minute; refuse beyond the limit."""
+def api_rate_hit(*, tenant: Tenant, limit_per_min: int, now: datetime) -> RateDecision:
+    """Count one API request of `tenant` (any of its keys) in the current minute; refuse
+    beyond the limit. Per tenant, not per key: more keys buy no more requests."""
     epoch = int(now.timestamp())
     start = epoch - epoch % RATE_WINDOW_S
     window_start = datetime.fromtimestamp(start, tz=now.tzinfo)
     with connection.cursor() as cursor:
-        cursor.execute(_RATE_HIT, [api_key.pk, window_start])
+        cursor.execute(_RATE_HIT, [tenant.pk, window_start])
         row = cursor.fetchone()
     count = int(row[0]) if row else 1
     retry_after = max(1, start + RATE_WINDOW_S - epoch)

@@ -34,6 +34,7 @@ urlpatterns = [
     path("keys/", views.api_keys, name="api-keys"),
     path("keys/<str:key_id>/revoke/", views.api_key_revoke, name="api-key-revoke"),
     path("signing/", views.signing_secrets, name="signing-secrets"),
+    path("docs/webhooks/", views.webhooks_guide, name="webhooks-guide"),
     path(
         "signing/<str:secret_id>/revoke/",
         views.signing_secret_revoke_view,

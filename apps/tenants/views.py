@@ -16,13 +16,16 @@ from django.contrib.auth import login
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http.response import HttpResponseBase
 from django.shortcuts import redirect, render
 from django.urls import reverse, reverse_lazy
 from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
+from apps.tenants import rls
 from apps.tenants.accounts import password_changed, user_sessions, user_sessions_revoke_others
+from apps.tenants.docs_pages import webhooks_guide_html
 from apps.tenants.errors import LastSigningSecret, RefusedRequest, RotationInProgress
 from apps.tenants.forms import InviteForm, NewAccountForm, RoleForm
 from apps.tenants.login_security import login_lockout_ends_at
@@ -56,6 +59,7 @@ from apps.tenants.web import (
     actor_of,
     admin_only,
     memberships_of,
+    tenant_context,
     tenant_page,
     tick_of,
 )
@@ -415,14 +419,34 @@ def invitation_accept_view(request: HttpRequest, token: str) -> HttpResponse:
     return render(request, "tick/invitation_accept.html", context)
 
 
+@tenant_page
+def webhooks_guide(request: HttpRequest) -> HttpResponse:
+    """docs/webhooks.md for tenants: what is signed and how to verify it."""
+    return render(request, "tick/doc_page.html", {
+        "title": "Receiving Tick's webhooks", "html": webhooks_guide_html(), "nav": "signing",
+    })  # fmt: skip
+
+
 # --- the signed-in person's account: password, sessions -------------------------------------
+
+
+def _with_current_tenant(request: HttpRequest) -> None:
+    """The account pages belong to the person, not a tenant, so they open without one; when
+    the person has one, it is attached like on every tenant page, so the header keeps the
+    navigation and the tenant switcher (docs/ui.md "Team and account")."""
+    context = tenant_context(request)
+    if context is not None:
+        rls.tenant_enter(context.tenant.pk)
+        request.tick = context  # type: ignore[attr-defined]
 
 
 @login_required
 def account(request: HttpRequest) -> HttpResponse:
+    _with_current_tenant(request)
     sessions = user_sessions(user=request.user, current_key=request.session.session_key)
     return render(request, "tick/account.html", {
-        "sessions": page_list(request, "sessions", sessions), "nav": "account",
+        "sessions": page_list(request, "sessions", sessions), "session_count": len(sessions),
+        "nav": "account",
     })  # fmt: skip
 
 
@@ -450,6 +474,11 @@ class Login(auth_views.LoginView):
 class PasswordChange(auth_views.PasswordChangeView):
     template_name = "tick/password_change.html"
     success_url = reverse_lazy("account")
+
+    def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+        if request.user.is_authenticated:
+            _with_current_tenant(request)
+        return super().dispatch(request, *args, **kwargs)
 
     def form_valid(self, form: Any) -> HttpResponse:
         response = super().form_valid(form)

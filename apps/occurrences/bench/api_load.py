@@ -463,11 +463,10 @@ def preload_schedules(tenant_id: uuid.UUID, count: int) -> list[str]:
     return [str(sid) for sid in ids]
 
 
-# The API's own rows of a tenant (keys and their rate windows, idempotency keys, account
+# The API's own rows of a tenant (its rate window, keys, idempotency keys, account
 # events, signing secrets), before bench_tenants_delete removes the scheduling rows.
 _API_TENANT_DELETES = (
-    "DELETE FROM tenants_apikeyratewindow WHERE api_key_id IN "
-    "(SELECT id FROM tenants_apikey WHERE tenant_id = %s)",
+    "DELETE FROM tenants_apiratewindow WHERE tenant_id = %s",
     "DELETE FROM tenants_apikey WHERE tenant_id = %s",
     "DELETE FROM tenants_idempotencykey WHERE tenant_id = %s",
     "DELETE FROM tenants_tenantevent WHERE tenant_id = %s",

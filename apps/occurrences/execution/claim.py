@@ -47,7 +47,7 @@ from django.db.backends.utils import CursorWrapper
 from django.utils import timezone
 
 from apps.occurrences.execution.deadlines import effective_timeout_s
-from apps.occurrences.execution.handlers import HandlerContext
+from apps.occurrences.execution.handlers import HandlerContext, RunOrigin
 from apps.occurrences.execution.locks import (
     RECOVERY_KEY,
     RECOVERY_LOCK,
@@ -190,6 +190,7 @@ def occurrence_claim(
         attempt_no=attempt_no,
         payload=json.loads(row.payload),
         timeout_s=_timeout_of(row),
+        origin=_run_origin(row),
     )
     return Claim(
         ClaimStatus.CLAIMED,
@@ -203,6 +204,12 @@ def occurrence_claim(
         deadline_at=row.deadline_at,
         retry_budget_per_hour=row.retry_budget_per_hour,
     )
+
+
+def _run_origin(row: _ClaimRow) -> RunOrigin:
+    """The occurrence's origin, or `replay` once a DLQ replay gave it a fresh attempt budget
+    (replay.py sets `attempt_base`)."""
+    return RunOrigin.REPLAY if row.attempt_base > 0 else RunOrigin(row.origin)
 
 
 def _currency_verdict(cursor: CursorWrapper, row: _ClaimRow, now: datetime) -> ClaimStatus | None:

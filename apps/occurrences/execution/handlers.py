@@ -21,7 +21,7 @@ import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
@@ -72,6 +72,21 @@ def classify_error(error: BaseException) -> ErrorClass:
     return ErrorClass.TRANSIENT
 
 
+class RunOrigin(StrEnum):
+    """Why this run happens, as a handler and a webhook receiver see it: the occurrence's
+    origin (`Occurrence.Origin`), or `replay` once it was replayed from the DLQ."""
+
+    SCHEDULED = "scheduled"
+    MANUAL = "manual"
+    BACKFILL = "backfill"
+    REPLAY = "replay"
+
+
+def rfc3339_utc(instant: datetime) -> str:
+    """`instant` in RFC 3339 UTC with a `Z` (fractional seconds only when it has them)."""
+    return instant.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
 @dataclass
 class HandlerContext:
     occurrence_id: uuid.UUID
@@ -86,6 +101,19 @@ class HandlerContext:
     cancel_requested: threading.Event = field(default_factory=threading.Event)
     # The attempt's run-time limit in seconds (deadlines.py); None only outside a claim.
     timeout_s: int | None = None
+    origin: RunOrigin = RunOrigin.SCHEDULED
+
+    def run_context(self) -> dict[str, Any]:
+        """The run's context as the webhook handler sends it (headers, envelope) and any
+        handler may report it: docs/webhooks.md "Run context"."""
+        return {
+            "occurrence_id": str(self.occurrence_id),
+            "scheduled_for": rfc3339_utc(self.scheduled_for),
+            "attempt": self.attempt_no,
+            "schedule_id": str(self.schedule_id),
+            "schedule_version": self.schedule_version,
+            "origin": str(self.origin),
+        }
 
 
 Handler = Callable[[HandlerContext], None]

@@ -3,14 +3,18 @@
 Payload (validated at schedule create, update and preview by `validate_webhook_payload`,
 again at run time, where a failure is permanent: DEAD at once):
     {"url": "https://example.com/hook", "body": <any JSON, default {}>,
-     "headers": {"X-Name": "value", ...}}          # optional: `check_headers`
+     "headers": {"X-Name": "value", ...},          # optional: `check_headers`
+     "envelope": false}                            # optional: wrap the body with the context
 
 The URL's port must be 80, 443 or one the tenant's `webhook_allowed_ports` names.
 
 Request: `POST url`, `Content-Type: application/json`, `Idempotency-Key: <occurrence_id>`,
 `User-Agent: Tick-Webhook/1`, the signature headers `webhook-id` (the occurrence id),
-`webhook-timestamp` and `webhook-signature` (`signed_headers`, docs/webhooks.md), plus the
-tenant's headers (not the reserved ones). Connect and read timeouts from settings, and one
+`webhook-timestamp` and `webhook-signature` (`signed_headers`, docs/webhooks.md), the run
+context `Tick-Scheduled-For`, `Tick-Attempt`, `Tick-Schedule-Id`, `Tick-Schedule-Version` and
+`Tick-Origin` (`context_headers`; not signed, so with `"envelope": true` the body is
+`{"context": {...}, "payload": <body>}`, signed with it), plus the tenant's headers (not the
+reserved ones). Connect and read timeouts from settings, and one
 total deadline for the whole call (egress.py: `TICK_EGRESS_DEADLINE_S`, never past the
 attempt's run-time limit; a cancel stops it too); redirects are never followed; no proxy
 from the environment.
@@ -56,6 +60,14 @@ from apps.tenants.errors import SigningUnavailable
 from apps.tenants.models import Tenant
 from apps.tenants.signing import SIGNATURE_HEADERS, webhook_signature_headers
 
+# The run context (HandlerContext.run_context) as request headers: name -> context key.
+CONTEXT_HEADERS = {
+    "Tick-Scheduled-For": "scheduled_for",
+    "Tick-Attempt": "attempt",
+    "Tick-Schedule-Id": "schedule_id",
+    "Tick-Schedule-Version": "schedule_version",
+    "Tick-Origin": "origin",
+}
 # Headers a tenant may not set: Tick writes them (Host, Content-Type, Content-Length,
 # Idempotency-Key, User-Agent), they are hop-by-hop (RFC 9110 7.6.1: Connection, Keep-Alive,
 # TE, Trailer, Transfer-Encoding, Upgrade, Proxy-*), or they change how the request is framed
@@ -64,7 +76,7 @@ RESERVED_HEADERS = frozenset(
     {"host", "content-length", "content-type", "idempotency-key", "transfer-encoding",
      "connection", "keep-alive", "proxy-connection", "user-agent", "expect", "te", "trailer",
      "upgrade", "proxy-authorization", "proxy-authenticate",
-     *SIGNATURE_HEADERS}
+     *SIGNATURE_HEADERS, *(name.lower() for name in CONTEXT_HEADERS)}
 )  # fmt: skip
 # RFC 7230 3.2.6 `token`: the only characters a header name may have.
 _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
@@ -105,7 +117,7 @@ def validate_webhook_payload(payload: Any, *, tenant: Tenant | None = None) -> N
 def check_webhook_payload(payload: Any, *, extra_ports: Collection[int]) -> None:
     if not isinstance(payload, Mapping):
         raise WebhookPayloadError("payload", "must be an object with a 'url'")
-    unknown = set(payload) - {"url", "body", "headers"}
+    unknown = set(payload) - {"url", "body", "headers", "envelope"}
     if unknown:
         raise WebhookPayloadError("payload", f"unknown keys: {', '.join(sorted(unknown))}")
     try:
@@ -113,6 +125,8 @@ def check_webhook_payload(payload: Any, *, extra_ports: Collection[int]) -> None
     except SSRFRefused as exc:
         raise WebhookPayloadError("url", str(exc)) from None
     check_headers(payload.get("headers", {}))
+    if not isinstance(payload.get("envelope", False), bool):
+        raise WebhookPayloadError("envelope", "must be true or false")
     if len(_body_bytes(payload.get("body", {}))) > MAX_BODY_BYTES:
         raise WebhookPayloadError("body", f"must encode to at most {MAX_BODY_BYTES} bytes")
 
@@ -194,16 +208,29 @@ def webhook_send(*, ctx: HandlerContext) -> int:
         if exc.field == "url":
             metrics.webhook_refused.inc()
         raise
+    run_context = ctx.run_context()
+    body = payload.get("body", {})
+    if payload.get("envelope", False):
+        body = {"context": run_context, "payload": body}
     return webhook_post(
         url=payload["url"],
-        body=_body_bytes(payload.get("body", {})),
-        headers={**payload.get("headers", {}), "Idempotency-Key": str(ctx.occurrence_id)},
+        body=_body_bytes(body),
+        headers={
+            **payload.get("headers", {}),
+            **context_headers(run_context),
+            "Idempotency-Key": str(ctx.occurrence_id),
+        },
         tenant_id=ctx.tenant_id,
         message_id=str(ctx.occurrence_id),
         extra_ports=extra_ports,
         run_limit_s=ctx.timeout_s,
         cancel=ctx.cancel_requested,
     )
+
+
+def context_headers(run_context: Mapping[str, Any]) -> dict[str, str]:
+    """The run context as the `Tick-*` request headers (docs/webhooks.md "Run context")."""
+    return {name: str(run_context[key]) for name, key in CONTEXT_HEADERS.items()}
 
 
 def webhook_post(

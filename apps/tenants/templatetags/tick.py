@@ -9,6 +9,7 @@ from typing import Any
 
 from django import template
 
+from apps.tenants.devices import device_label
 from apps.tenants.readable import detail_pairs, instant_text
 
 register = template.Library()
@@ -25,6 +26,12 @@ def ts(value: datetime | None, precision: str = "") -> str:
 def event_detail(detail: Any) -> list[tuple[str, str]]:
     """An event's `detail` JSON as (label, text) pairs for people (`readable.detail_pairs`)."""
     return detail_pairs(detail)
+
+
+@register.filter
+def device(user_agent: str | None) -> str:
+    """A User-Agent header as "Chrome on Linux" (`devices.device_label`)."""
+    return device_label(user_agent or "")
 
 
 @register.filter

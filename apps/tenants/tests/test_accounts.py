@@ -3,11 +3,14 @@ and reset (locmem outbox; the real-SMTP round trip is test_smtp.py) — all audi
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.core import mail
 from django.http import HttpRequest
 from django.test import Client
 
+from apps.tenants.devices import device_label
 from apps.tenants.models import Membership, TenantEvent, UserSession
 from apps.tenants.services import membership_grant
 from apps.tenants.tests.mails import link_in
@@ -144,3 +147,49 @@ def test_a_login_is_recorded_at_once_and_later_requests_cost_no_query(alice, ten
         laptop.get("/account/sessions/revoke/")  # a GET: 405, after auth and session load
 
     assert not [q for q in queries.captured_queries if "tenants_usersession" in q["sql"]]
+
+
+CHROME_LINUX = (
+    "Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) "
+    "Chrome/126.0.0.0 Safari/537.36"
+)
+SAFARI_IPHONE = (
+    "Mozilla/5.0 (iPhone; CPU iPhone OS 17_5 like Mac OS X) AppleWebKit/605.1.15 "
+    "(KHTML, like Gecko) Version/17.5 Mobile/15E148 Safari/604.1"
+)
+
+
+def test_the_account_page_keeps_the_navigation_and_names_devices(alice, tenant_a, tenant_b):
+    membership_grant(user=alice, tenant=tenant_b, role=Membership.Role.VIEWER)
+    laptop = _sign_in("alice", "pw-alice-123", CHROME_LINUX)
+    _sign_in("alice", "pw-alice-123", SAFARI_IPHONE)
+
+    page = laptop.get("/account/").content.decode()
+    password = laptop.get("/account/password/").content.decode()
+
+    for shown in (page, password):
+        assert '<nav class="nav">' in shown and 'href="/schedules/"' in shown
+        assert "Alpha (admin)" in shown and "Bravo (viewer)" in shown  # the tenant switcher
+    devices = re.findall(r'<td title="[^"]*">([^<]+)', page)
+    assert sorted(d.strip() for d in devices) == ["Chrome on Linux", "Safari on iOS"]
+    assert "AppleWebKit" not in re.sub(r'title="[^"]*"', "", page)  # the raw header: a tooltip
+
+
+@pytest.mark.parametrize(
+    ("agent", "label"),
+    [
+        (CHROME_LINUX, "Chrome on Linux"),
+        (SAFARI_IPHONE, "Safari on iOS"),
+        ("Mozilla/5.0 (Windows NT 10.0; Win64; x64) AppleWebKit/537.36 (KHTML, like Gecko) "
+         "Chrome/126.0.0.0 Safari/537.36 Edg/126.0.2592.87", "Edge on Windows"),
+        ("Mozilla/5.0 (Macintosh; Intel Mac OS X 14.5; rv:127.0) Gecko/20100101 Firefox/127.0",
+         "Firefox on macOS"),
+        ("Mozilla/5.0 (Linux; Android 14; Pixel 8) AppleWebKit/537.36 (KHTML, like Gecko) "
+         "Chrome/126.0.6478.71 Mobile Safari/537.36", "Chrome on Android"),
+        ("curl/8.5.0", "curl"),
+        ("", "Unknown browser"),
+        ("Firefox on laptop", "Unknown browser"),
+    ],
+)  # fmt: skip
+def test_device_labels(agent: str, label: str) -> None:
+    assert device_label(agent) == label

@@ -13,7 +13,7 @@ from django.db import connection
 from django.test import Client
 from django.utils import timezone
 
-from apps.tenants.errors import LastAdminRefused
+from apps.tenants.errors import LastAdminRefused, MembershipConflict
 from apps.tenants.members import invitation_create, membership_change_role, membership_remove
 from apps.tenants.models import Invitation, Membership, TenantEvent
 from apps.tenants.services import membership_grant
@@ -269,6 +269,36 @@ def test_inviting_a_member_or_an_open_address_again_is_refused(
     assert "already has an open invitation" in twice.content.decode()
     assert "already a member" in member.content.decode()
     assert Invitation.objects.count() == 1
+
+
+@pytest.mark.parametrize(
+    "look_alike",
+    ["bob@\uff45xample.com", "bob@example.com\u200b", "\u00adbob@example.com",
+     "\ufeffBOB@EXAMPLE.COM", "ｂｏｂ@example.com"],
+)  # fmt: skip
+def test_a_look_alike_of_a_members_address_is_that_member(client, alice, bob, tenant_a, look_alike):
+    bob.email = "bob@example.com"
+    bob.save(update_fields=["email"])
+    client.force_login(alice)
+
+    response = client.post("/members/", {"email": look_alike, "role": "admin"})
+
+    assert "already a member" in response.content.decode()
+    assert not Invitation.objects.exists()
+
+
+def test_an_invited_address_is_stored_as_it_is_compared(tenant_a):
+    invitation = invitation_create(
+        tenant=tenant_a, email="ops@\uff45xample.com\u200b", role=Membership.Role.VIEWER,
+        actor="t", site_url="http://testserver/",
+    )  # fmt: skip
+
+    assert invitation.email == "ops@example.com"
+    with pytest.raises(MembershipConflict, match="open invitation"):
+        invitation_create(
+            tenant=tenant_a, email="OPS@example.com", role=Membership.Role.VIEWER, actor="t",
+            site_url="http://testserver/",
+        )  # fmt: skip
 
 
 def test_outsider_ids_are_404_on_every_team_route(client, charlie, alice, tenant_a):

@@ -196,3 +196,18 @@ def test_an_address_too_long_for_a_username_is_refused(api_a):
 
     assert response.status_code == 400 and set(response.json()["error"]["fields"]) == {"email"}
     assert Invitation.objects.count() == 0
+
+
+def test_an_api_invitation_of_a_look_alike_of_a_member_is_a_409(api_a, alice, bob):
+    bob.email = "bob@example.com"
+    bob.save(update_fields=["email"])
+
+    response = api_a.post(
+        "/api/v1/invitations",
+        {"email": "ｂｏｂ@ｅxample.com\u200b", "role": "admin"},
+        format="json",
+    )
+
+    assert response.status_code == 409, response.content
+    assert response.json()["error"]["code"] == "membership_conflict"
+    assert not Invitation.objects.exists()

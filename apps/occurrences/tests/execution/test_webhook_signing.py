@@ -11,6 +11,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -217,3 +218,104 @@ def test_the_verifier_in_the_docs_accepts_the_call_and_refuses_a_tampered_one(re
     assert verify_webhook(secret, headers, raw.replace(b'"v"', b'"w"')) is False
     stale = {**headers, "webhook-timestamp": str(int(headers["webhook-timestamp"]) - 600)}
     assert verify_webhook(secret, stale, raw) is False
+
+
+def _context_run(tenant, receiver, payload: dict[str, Any], *, origin: str, statuses=()) -> Any:
+    """A webhook occurrence of `origin` at a whole second two minutes ago, run once."""
+    url = f"http://127.0.0.1:{receiver.server_port}/hook"
+    tenant.webhook_allowed_ports = [receiver.server_port]
+    tenant.save(update_fields=["webhook_allowed_ports"])
+    sched = schedule(tenant, handler="webhook", payload={"url": url, **payload})
+    instant = (timezone.now() - timedelta(minutes=2)).replace(microsecond=123000)
+    occ = occurrence(sched, instant)
+    Occurrence.objects.filter(id=occ.id).update(origin=origin)
+    receiver.statuses = list(statuses)
+    occurrence_execute(occurrence_id=occ.id, scheduled_for=occ.scheduled_for, worker_id="w")
+    return sched, occ
+
+
+def _stamp(instant: datetime) -> str:
+    return instant.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.123000Z")
+
+
+@pytest.mark.django_db
+def test_a_receiver_verifies_the_call_and_reads_its_run_context_headers(receiver, tenant_a):
+    _, secret = signing_secret_rotate(tenant=tenant_a, actor="user:alice")
+    sched, occ = _context_run(
+        tenant_a, receiver, {"body": {"report": "daily"}},
+        origin=Occurrence.Origin.BACKFILL, statuses=[503],
+    )  # fmt: skip
+    occurrence_execute(occurrence_id=occ.id, scheduled_for=occ.scheduled_for, worker_id="w2")
+
+    assert state_of(occ) == Occurrence.State.SUCCEEDED
+    assert [h["tick-attempt"] for h, _ in receiver.calls] == ["1", "2"]
+    for headers, raw in receiver.calls:
+        assert verify(secret, headers, raw, now=time.time())
+        assert json.loads(raw) == {"report": "daily"}  # without the envelope: the body as given
+        assert headers["tick-scheduled-for"] == _stamp(occ.scheduled_for)
+        assert datetime.fromisoformat(headers["tick-scheduled-for"]) == occ.scheduled_for
+        assert headers["tick-schedule-id"] == str(sched.id)
+        assert headers["tick-schedule-version"] == str(sched.version)
+        assert headers["tick-origin"] == "backfill"
+
+
+@pytest.mark.django_db
+def test_the_envelope_carries_the_context_inside_the_signed_body(receiver, tenant_a):
+    from standardwebhooks.webhooks import Webhook
+
+    _, secret = signing_secret_rotate(tenant=tenant_a, actor="user:alice")
+    sched, occ = _context_run(
+        tenant_a, receiver, {"body": {"n": [1, 2]}, "envelope": True},
+        origin=Occurrence.Origin.MANUAL,
+    )  # fmt: skip
+
+    [(headers, raw)] = receiver.calls
+    assert Webhook(secret).verify(raw, headers) == {
+        "context": {
+            "occurrence_id": str(occ.id),
+            "scheduled_for": _stamp(occ.scheduled_for),
+            "attempt": 1,
+            "schedule_id": str(sched.id),
+            "schedule_version": sched.version,
+            "origin": "manual",
+        },
+        "payload": {"n": [1, 2]},
+    }
+    assert headers["tick-origin"] == "manual"
+    # a receiver trusting only the signed bytes sees a changed context refused
+    assert not verify(secret, headers, raw.replace(b'"manual"', b'"scheduled"'), now=time.time())
+
+
+@pytest.mark.django_db
+def test_a_run_replayed_from_the_dlq_says_replay_and_counts_its_attempts_on(receiver, tenant_a):
+    from apps.occurrences.execution.replay import occurrences_replay
+
+    _, occ = _context_run(tenant_a, receiver, {}, origin=Occurrence.Origin.SCHEDULED,
+                          statuses=[410])  # fmt: skip
+    assert state_of(occ) == Occurrence.State.DEAD
+
+    assert occurrences_replay(tenant_id=tenant_a.id, occurrence_ids=[occ.id]).replayed == [occ.id]
+    occurrence_execute(occurrence_id=occ.id, scheduled_for=occ.scheduled_for, worker_id="w2")
+
+    assert state_of(occ) == Occurrence.State.SUCCEEDED
+    origins = [(h["tick-origin"], h["tick-attempt"]) for h, _ in receiver.calls]
+    assert origins == [("scheduled", "1"), ("replay", "2")]
+
+
+@pytest.mark.parametrize(
+    ("payload", "field"),
+    [
+        ({"headers": {"tick-origin": "manual"}}, "headers"),
+        ({"headers": {"Tick-Scheduled-For": "2020-01-01T00:00:00Z"}}, "headers"),
+        ({"envelope": "yes"}, "envelope"),
+    ],
+)
+def test_tenants_cannot_forge_the_context_headers_and_envelope_is_a_boolean(
+    payload, field, settings
+):
+    settings.TICK_WEBHOOK_ALLOWLIST = []
+
+    with pytest.raises(WebhookPayloadError) as excinfo:
+        validate_webhook_payload({"url": "https://example.com/hook", **payload})
+
+    assert excinfo.value.field == field

@@ -36,6 +36,25 @@ def _hour(hours_ago: int) -> datetime:
 # ---------------------------------------------------------------------------------- run now
 
 
+def test_run_now_is_rate_limited_per_schedule(api_a, tenant_a, settings):
+    settings.TICK_RUN_NOW_PER_MIN = 3
+    busy, other = rows.schedule(tenant_a), rows.schedule(tenant_a)
+
+    codes = [_run(api_a, busy, {"request_id": f"r{n}"}).status_code for n in range(3)]
+    refused = _run(api_a, busy, {"request_id": "r3"})
+    replay = _run(api_a, busy, {"request_id": "r0"})  # an earlier request, answered again
+    elsewhere = _run(api_a, other, {"request_id": "r3"})
+
+    assert codes == [202, 202, 202]
+    assert refused.status_code == 429, refused.content
+    assert refused.json()["error"]["code"] == "rate_limited"
+    assert 1 <= int(refused["Retry-After"]) <= 61
+    assert (replay.status_code, replay.json()["receipt"]["replayed"]) == (202, True)
+    assert elsewhere.status_code == 202
+    manual = Occurrence.objects.filter(schedule=busy, origin=Occurrence.Origin.MANUAL)
+    assert manual.count() == 3
+
+
 def test_run_now_twice_with_the_same_request_id_creates_one_occurrence(api_a, tenant_a):
     schedule = rows.schedule(tenant_a)
 

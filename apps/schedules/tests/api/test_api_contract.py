@@ -9,10 +9,12 @@ from typing import Any
 import pytest
 from django.db import connection
 from django.forms.models import model_to_dict
+from rest_framework.test import APIClient
 
 from apps.schedules.models import Schedule, ScheduleEvent, ScheduleVersion
 from apps.schedules.tests.factories import make_schedule
-from apps.tenants.models import IdempotencyKey
+from apps.tenants.models import IdempotencyKey, Membership
+from apps.tenants.services import api_key_create
 
 pytestmark = pytest.mark.django_db
 
@@ -231,13 +233,17 @@ def test_rule_firing_more_often_than_the_tenant_allows_is_refused(api_a, tenant_
     assert Schedule.objects.get().expression == "*/5 * * * *"
 
 
-def test_per_key_rate_limit_is_429_with_retry_after(api_a, api_b, tenant_a):
+def test_the_tenants_rate_limit_is_429_with_retry_after_for_all_its_keys(api_a, api_b, tenant_a):
     tenant_a.api_rate_per_min = 3
     tenant_a.save(update_fields=["api_rate_per_min"])
+    _, viewer = api_key_create(tenant=tenant_a, name="ro", actor="t", role=Membership.Role.VIEWER)
+    second_key = APIClient()
+    second_key.credentials(HTTP_AUTHORIZATION=f"Bearer {viewer}")
 
-    codes = [api_a.get("/api/v1/schedules").status_code for _ in range(4)]
+    codes = [api_a.get("/api/v1/schedules").status_code for _ in range(3)]
+    codes.append(second_key.get("/api/v1/schedules").status_code)
 
-    assert codes == [200, 200, 200, 429]
+    assert codes == [200, 200, 200, 429]  # a second key of the tenant shares the limit
     refused = api_a.get("/api/v1/schedules")
     assert refused.json()["error"]["code"] == "rate_limited"
     assert 1 <= int(refused["Retry-After"]) <= 60

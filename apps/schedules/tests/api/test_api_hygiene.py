@@ -154,3 +154,27 @@ def test_timestamps_of_a_schedule_and_its_receipts_end_in_z(api_a, tenant_a):
     for response in (created, replayed, detail, updated, paused, listed):
         assert list(instants(response.json())), response.json()
         assert not_in_z(response.json()) == []
+
+
+BROWSER_ACCEPT = "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"
+
+
+def test_a_browser_gets_json_not_the_browsable_api(api_a, client):
+    with_key = api_a.get("/api/v1/schedules", HTTP_ACCEPT=BROWSER_ACCEPT)
+    without_key = client.get("/api/v1/schedules", HTTP_ACCEPT=BROWSER_ACCEPT)
+
+    for response in (with_key, without_key):
+        assert response["Content-Type"] == "application/json"
+        assert b"<html" not in response.content
+    assert (with_key.status_code, without_key.status_code) == (200, 401)
+
+
+def test_the_schema_and_its_docs_are_public_and_hold_no_tenant_data(client, tenant_a):
+    make_schedule(tenant_a, name="secret-sounding schedule")
+
+    schema = client.get("/api/schema/")
+    docs = client.get("/api/docs/")
+
+    assert schema.status_code == docs.status_code == 200
+    assert b"secret-sounding" not in schema.content
+    assert str(tenant_a.id).encode() not in schema.content

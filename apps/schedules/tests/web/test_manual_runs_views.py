@@ -31,10 +31,14 @@ def test_run_now_form_resubmitted_runs_once_and_shows_the_receipt(client, alice,
     page = client.get(f"/schedules/{schedule.id}/")
     request_id = page.context["run_request_id"]
 
-    first = client.post(f"/schedules/{schedule.id}/run/", {"request_id": request_id})
-    again = client.post(f"/schedules/{schedule.id}/run/", {"request_id": request_id})
+    first = client.post(f"/schedules/{schedule.id}/run/", {"request_id": request_id}, follow=True)
+    again = client.post(f"/schedules/{schedule.id}/run/", {"request_id": request_id}, follow=True)
+    reload = client.get(f"/schedules/{schedule.id}/")
 
+    # post/redirect/get: the address bar leaves /run/; the receipt is shown once
+    assert first.redirect_chain == [(f"/schedules/{schedule.id}/", 302)]
     assert first.status_code == 200 and first.context["run_receipt"].replayed is False
+    assert reload.context["run_receipt"] is None
     assert again.context["run_receipt"].replayed is True
     manual = Occurrence.objects.get(schedule=schedule, origin=Occurrence.Origin.MANUAL)
     assert manual.requested_by == "user:alice"
