@@ -56,8 +56,11 @@ def test_a_slow_loris_alert_receiver_holds_no_other_tenants_run(
         stack.start_role("reap", interval=0.5)
 
         started = None
+        ended_by_deadline = AlertDelivery.objects.filter(
+            last_error__contains=f"total deadline of {DEADLINE_S} s"
+        )
         limit = time.monotonic() + 90
-        while started is None or len(loris.connections) < 3:
+        while started is None or len(loris.connections) < 3 or ended_by_deadline.count() < 2:
             assert time.monotonic() < limit, f"timed out: {len(loris.connections)} sends"
             stack.assert_alive()
             attempt = Attempt.objects.filter(tenant_id=tenant_b.id).order_by("started_at").first()
@@ -79,8 +82,3 @@ def test_a_slow_loris_alert_receiver_holds_no_other_tenants_run(
     # Each send ended at its deadline, and tenant A never had two at once.
     gaps = [b - a for a, b in zip(loris.connections, loris.connections[1:], strict=False)]
     assert all(gap >= DEADLINE_S - 0.5 for gap in gaps), gaps
-    ended = AlertDelivery.objects.filter(last_error__contains=f"total deadline of {DEADLINE_S} s")
-    # At least one still says so: a later attempt, against the receiver closed at the end of
-    # the test, overwrites its delivery's last error with the refused connection.
-    assert ended.count() >= 1
-    assert AlertDelivery.objects.filter(attempts__gt=0).count() <= 4
