@@ -16,6 +16,7 @@ from django.conf import settings
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import RequestDataTooBig
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
 from django.views.defaults import page_not_found
 from prometheus_client import Counter
 from rest_framework import exceptions, status
@@ -108,8 +109,11 @@ def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpR
     return page_not_found(request, exception or Http404())
 
 
+@csrf_exempt
 def api_route_not_found(request: HttpRequest) -> HttpResponse:
-    """The URL conf's last route: any /api/ path no other route matched (docs/api.md)."""
+    """The URL conf's last route: any /api/ path no other route matched (docs/api.md). CSRF
+    exempt like the API's views (bearer keys, no cookies): a POST to an unknown path is a 404
+    in the API's shape, not the CSRF failure page."""
     return JsonResponse(error_body("not_found", "Not found."), status=404)
 
 

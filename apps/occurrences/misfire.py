@@ -88,7 +88,7 @@ _LATE_CANDIDATES = """
                 WHERE y.schedule_id = o.schedule_id AND y.scheduled_for > o.scheduled_for
                   AND y.scheduled_for < %(now)s - make_interval(secs => s.max_lateness_s)
                   AND y.origin = %(scheduled_origin)s
-                  AND (y.state = %(missed)s OR y.lane = %(catchup)s
+                  AND (y.state = %(missed)s OR y.lane = %(catchup_lane)s
                        OR (y.state = ANY(%(open)s) AND y.attempt_count = 0
                            AND y.available_at
                                < %(now)s - make_interval(secs => s.max_lateness_s)))
@@ -111,9 +111,9 @@ _MARK_MISSED = """
 """
 
 _MARK_LATE_RUN = """
-    UPDATE occurrences_occurrence o SET lane = %(catchup)s
+    UPDATE occurrences_occurrence o SET lane = %(catchup_lane)s
     FROM unnest(%(ids)s::uuid[], %(ats)s::timestamptz[]) AS m(id, scheduled_for)
-    WHERE o.id = m.id AND o.scheduled_for = m.scheduled_for AND o.lane <> %(catchup)s
+    WHERE o.id = m.id AND o.scheduled_for = m.scheduled_for AND o.lane <> %(catchup_lane)s
 """
 
 
@@ -164,7 +164,7 @@ def misfire_judge(
         "now": now,
         "open": [str(state) for state in _OPEN_STATES],
         "missed": Occurrence.State.MISSED,
-        "catchup": Lane.CATCHUP,
+        "catchup_lane": Lane.CATCHUP,
         "scheduled_origin": Occurrence.Origin.SCHEDULED,
         "fire_once": Schedule.MisfirePolicy.FIRE_ONCE,
         "catchup_policy": Schedule.MisfirePolicy.CATCHUP,
@@ -192,7 +192,7 @@ def misfire_judge(
     moved = [r for r in runs if r.lane != Lane.CATCHUP]
     if moved:
         cursor.execute(_MARK_LATE_RUN, {
-            "catchup": Lane.CATCHUP,
+            "catchup_lane": Lane.CATCHUP,
             "ids": array_literal([str(r.occurrence_id) for r in moved]),
             "ats": array_literal([r.scheduled_for.isoformat() for r in moved]),
         })  # fmt: skip

@@ -706,7 +706,7 @@ _POLICY_BREACH_SQL = """
            AND a.scheduled_for >= %(start)s AND a.scheduled_for < %(end)s
         WHERE o.scheduled_for >= %(start)s AND o.scheduled_for < %(end)s
           AND o.origin = %(scheduled_origin)s AND o.attempt_count > 0 {tenant}
-          AND (o.lane = %(catchup)s
+          AND (o.lane = %(catchup_lane)s
                OR a.started_at > o.available_at
                                  + make_interval(secs => s.max_lateness_s + %(slack)s))
     )
@@ -720,7 +720,7 @@ _POLICY_BREACH_SQL = """
               AND y.scheduled_for < r.started_at AND y.origin = %(scheduled_origin)s
               AND y.available_at + make_interval(secs => r.max_lateness_s + %(slack)s)
                   < r.started_at
-              AND (y.state = %(missed)s OR y.lane = %(catchup)s)
+              AND (y.state = %(missed)s OR y.lane = %(catchup_lane)s)
             LIMIT r.allowed + 1
         ) later
     )
@@ -742,7 +742,7 @@ def _audit_misfire(report: ReconcileReport, *, tenant_id: uuid.UUID | None) -> N
         "fire_once": Schedule.MisfirePolicy.FIRE_ONCE,
         "catchup_policy": Schedule.MisfirePolicy.CATCHUP,
         "scheduled_origin": Occurrence.Origin.SCHEDULED,
-        "catchup": Lane.CATCHUP,
+        "catchup_lane": Lane.CATCHUP,
         "missed": Occurrence.State.MISSED,
         "slack": POLICY_SLACK_S,
     }

@@ -424,7 +424,7 @@ def _quota_verdict(cursor: CursorWrapper, row: _ClaimRow, now: datetime) -> Clai
 _RECOVERY_RUNNING = f"""
     SELECT count(*) FROM occurrences_attempt a
     JOIN occurrences_occurrence o ON o.id = a.occurrence_id AND o.scheduled_for = a.scheduled_for
-    WHERE {LIVE_ATTEMPT} AND (a.attempt_no > 1 OR o.lane = %(catchup)s)
+    WHERE {LIVE_ATTEMPT} AND (a.attempt_no > 1 OR o.lane = %(catchup_lane)s)
 """
 
 
@@ -437,7 +437,7 @@ def _recovery_full(cursor: CursorWrapper) -> bool:
         return False
     advisory_lock(cursor, RECOVERY_LOCK, RECOVERY_KEY)
     cursor.execute(_RECOVERY_RUNNING, {
-        "presence_ttl_s": settings.TICK_WORKER_PRESENCE_TTL_S, "catchup": Lane.CATCHUP,
+        "presence_ttl_s": settings.TICK_WORKER_PRESENCE_TTL_S, "catchup_lane": Lane.CATCHUP,
     })  # fmt: skip
     found = cursor.fetchone()
     return (int(found[0]) if found else 0) >= recovery_slot_limit(capacity)
