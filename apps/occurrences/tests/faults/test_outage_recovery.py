@@ -55,9 +55,14 @@ def _late_runs(schedule: Schedule, restart: datetime) -> int:
 
 
 def _settled(schedules: list[Schedule], restart: datetime) -> bool:
-    """Nothing of the outage is left to run: every instant before the restart's cutoff is
-    finished (MISSED or run to its end)."""
+    """Nothing of the outage is left to run: the materializer has written every schedule's
+    outage instants (its next run is past the cutoff), and every instant before the cutoff is
+    finished (MISSED or run to its end). The first half matters: the relay may give up the
+    instants written before the outage before the materializer reaches a schedule, and a
+    schedule it has not reached yet has only finished rows."""
     cutoff = restart - timedelta(seconds=LATENESS_S)
+    if Schedule.objects.filter(id__in=[s.id for s in schedules], next_run_at__lt=cutoff).exists():
+        return False
     return not Occurrence.objects.filter(
         schedule__in=schedules, scheduled_for__lt=cutoff, finished_at__isnull=True
     ).exists()
