@@ -11,7 +11,7 @@ import psycopg
 import pytest
 from django.conf import settings
 
-from apps.occurrences.bench.processes import proc_cpu_s, services_cpu, tree_cpu_s
+from apps.bench.processes import proc_cpu_s, services_cpu, tree_cpu_s
 
 # A parent that starts two children, each burning ~0.4 s of CPU, waits for them, then idles.
 _TREE = """

@@ -4,7 +4,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from apps.occurrences.bench.execution import (
+from apps.bench.execution import (
     LEAD_S,
     ExecutionReport,
     NoisyPlan,
@@ -13,7 +13,7 @@ from apps.occurrences.bench.execution import (
     bench_noisy_neighbour,
     report_json,
 )
-from apps.occurrences.bench.fixtures import BENCH_HANDLER
+from apps.bench.fixtures import BENCH_HANDLER
 from apps.occurrences.execution.registry import handler_spec
 
 FAN_OUT = "fan-out"

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from django.utils import timezone
 
-from apps.occurrences.bench.pg_profile import Profile
-from apps.occurrences.bench.sustained import (
+from apps.bench.pg_profile import Profile
+from apps.bench.sustained import (
     FLEXIBLE_WINDOW_S,
     LaneFigures,
     MinuteRow,

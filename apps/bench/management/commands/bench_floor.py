@@ -5,7 +5,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from apps.occurrences.bench.floor import bench_floor, floor_json
+from apps.bench.floor import bench_floor, floor_json
 
 
 class Command(BaseCommand):

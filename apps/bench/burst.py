@@ -31,22 +31,22 @@ from django.db import connection
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from apps.occurrences.bench.bulk_load import load_not_due_schedules
-from apps.occurrences.bench.consumer import OccurrenceConsumer
-from apps.occurrences.bench.fixtures import (
+from apps.bench.bulk_load import load_not_due_schedules
+from apps.bench.consumer import OccurrenceConsumer
+from apps.bench.fixtures import (
     ScheduleBatch,
     bench_tenants,
     bench_tenants_delete,
     cron_definition,
     next_whole_minute,
 )
-from apps.occurrences.bench.processes import (
+from apps.bench.processes import (
     BenchProcesses,
     declare_topology,
     delete_topology,
     services_cpu,
 )
-from apps.occurrences.bench.sizes import (
+from apps.bench.sizes import (
     GROWING_TABLES,
     due_scan_plan,
     index_sizes,

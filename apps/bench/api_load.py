@@ -48,15 +48,15 @@ from django.conf import settings
 from django.db import connection, connections
 from django.utils import timezone
 
-from apps.occurrences.bench.burst import BurstReport, bench_burst
-from apps.occurrences.bench.fixtures import (
+from apps.bench.burst import BurstReport, bench_burst
+from apps.bench.fixtures import (
     BENCH_HANDLER,
     ScheduleBatch,
     bench_tenants,
     bench_tenants_delete,
     cron_definition,
 )
-from apps.occurrences.bench.processes import (
+from apps.bench.processes import (
     ROOT,
     delete_topology,
     proc_cpu_s,

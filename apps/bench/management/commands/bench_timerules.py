@@ -4,7 +4,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from apps.schedules.bench.timerules import bench_timerules, format_results
+from apps.bench.timerules import bench_timerules, format_results
 
 
 class Command(BaseCommand):

@@ -4,7 +4,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from apps.occurrences.bench.reconcile import bench_reconcile, report_json
+from apps.bench.reconcile import bench_reconcile, report_json
 
 
 class Command(BaseCommand):

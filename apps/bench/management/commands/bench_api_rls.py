@@ -5,7 +5,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from apps.schedules.bench.api_rls import bench_api_rls, format_results
+from apps.bench.api_rls import bench_api_rls, format_results
 
 
 class Command(BaseCommand):

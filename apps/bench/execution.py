@@ -47,15 +47,15 @@ from django.db import connection
 from django.db.backends.utils import CursorWrapper
 from django.utils import timezone
 
-from apps.occurrences.bench.burst import PIPELINE_COMMANDS
-from apps.occurrences.bench.fixtures import (
+from apps.bench.burst import PIPELINE_COMMANDS
+from apps.bench.fixtures import (
     ScheduleBatch,
     bench_tenants,
     bench_tenants_delete,
     cron_definition,
     next_whole_minute,
 )
-from apps.occurrences.bench.processes import (
+from apps.bench.processes import (
     BenchProcesses,
     declare_topology,
     delete_topology,

@@ -22,8 +22,8 @@ from typing import Any
 
 from django.db import connection
 
+from apps.bench.fixtures import ScheduleBatch, copy_into, copy_line
 from apps.occurrences.audit.reconcile import expected_cron_instants
-from apps.occurrences.bench.fixtures import ScheduleBatch, copy_into, copy_line
 from apps.occurrences.models import Lane, Occurrence, occurrence_id_for
 from apps.occurrences.pipeline.partitions import (
     PARTITIONED_TABLES,
@@ -33,7 +33,7 @@ from apps.occurrences.pipeline.partitions import (
 from apps.schedules.models import Schedule
 from apps.tenants.services import tenant_create
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 DAY = datetime(2020, 1, 6, tzinfo=UTC)
 
 

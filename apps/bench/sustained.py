@@ -43,10 +43,9 @@ from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
-from apps.occurrences.audit.reconcile import reconcile
-from apps.occurrences.bench.burst import PIPELINE_COMMANDS
-from apps.occurrences.bench.consumer import OccurrenceConsumer
-from apps.occurrences.bench.fixtures import (
+from apps.bench.burst import PIPELINE_COMMANDS
+from apps.bench.consumer import OccurrenceConsumer
+from apps.bench.fixtures import (
     ScheduleBatch,
     bench_tenants,
     bench_tenants_delete,
@@ -54,15 +53,16 @@ from apps.occurrences.bench.fixtures import (
     cron_definition,
     next_whole_minute,
 )
-from apps.occurrences.bench.floor import DELIVERY_PHASES, FloorReport, bench_floor
-from apps.occurrences.bench.pg_profile import Profile, profile_read, profile_reset
-from apps.occurrences.bench.processes import (
+from apps.bench.floor import DELIVERY_PHASES, FloorReport, bench_floor
+from apps.bench.pg_profile import Profile, profile_read, profile_reset
+from apps.bench.processes import (
     BenchProcesses,
     declare_topology,
     delete_topology,
     proc_cpu_s,
     services_cpu,
 )
+from apps.occurrences.audit.reconcile import reconcile
 from apps.occurrences.models import Lane
 from apps.occurrences.pipeline.partitions import PARTITIONED_TABLES, existing_partitions
 from apps.occurrences.pipeline.queues import all_queue_names

@@ -8,8 +8,8 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
-from apps.occurrences.bench.bulk_load import LOADED_TABLES, load_not_due_schedules
-from apps.occurrences.bench.fixtures import cron_definition
+from apps.bench.bulk_load import LOADED_TABLES, load_not_due_schedules
+from apps.bench.fixtures import cron_definition
 from apps.schedules.models import Schedule, ScheduleEvent, ScheduleVersion, shard_for
 
 pytestmark = pytest.mark.django_db

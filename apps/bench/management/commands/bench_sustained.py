@@ -4,7 +4,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from apps.occurrences.bench.sustained import bench_sustained, report_json
+from apps.bench.sustained import bench_sustained, report_json
 
 # The options passed on to bench_sustained, each stored under the parameter's own name.
 SUSTAINED_PARAMETERS = (

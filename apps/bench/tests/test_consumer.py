@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 from django.conf import settings
 
-from apps.occurrences.bench.consumer import OccurrenceConsumer
+from apps.bench.consumer import OccurrenceConsumer
 from apps.occurrences.pipeline.queues import all_queue_names
 from apps.occurrences.pipeline.relay import OutboxRow, build_messages
 from apps.occurrences.tests.support.pipeline import relay_config

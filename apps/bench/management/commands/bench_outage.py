@@ -6,8 +6,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from apps.occurrences.bench.execution import Pool
-from apps.occurrences.bench.outage import OutagePlan, bench_outage, report_lines
+from apps.bench.execution import Pool
+from apps.bench.outage import OutagePlan, bench_outage, report_lines
 
 
 class Command(BaseCommand):

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from apps.occurrences.bench.floor import (
+from apps.bench.floor import (
     DELIVERY_PHASES,
     EXECUTION_PHASES,
     FloorReport,
     PhaseCost,
     bench_floor,
 )
-from apps.occurrences.bench.pg_profile import Phase, Profile, phase_of, profile_read, profile_reset
-from apps.occurrences.bench.sustained import PgWork
+from apps.bench.pg_profile import Phase, Profile, phase_of, profile_read, profile_reset
+from apps.bench.sustained import PgWork
 from apps.occurrences.models import Occurrence
 from apps.occurrences.pipeline import materializer, relay
 from apps.tenants.models import Tenant

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from django.db import connection
 
-from apps.occurrences.bench.sizes import GROWING_TABLES, due_scan_plan, index_sizes, relation_sizes
+from apps.bench.sizes import GROWING_TABLES, due_scan_plan, index_sizes, relation_sizes
 from apps.schedules.tests.factories import make_schedule
 
 pytestmark = pytest.mark.django_db

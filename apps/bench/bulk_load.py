@@ -23,7 +23,7 @@ from django.db import connection, transaction
 from django.db.backends.utils import CursorWrapper
 from django.utils import timezone
 
-from apps.occurrences.bench.fixtures import BENCH_HANDLER, copy_into
+from apps.bench.fixtures import BENCH_HANDLER, copy_into
 from apps.schedules.models import Schedule, ScheduleEvent, shard_for
 
 LOADED_TABLES = ("schedules_schedule", "schedules_scheduleversion", "schedules_scheduleevent")

@@ -4,7 +4,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from apps.occurrences.bench.burst import bench_burst, report_json
+from apps.bench.burst import bench_burst, report_json
 
 # The options passed on to bench_burst, each stored under the parameter's own name.
 BURST_PARAMETERS = (

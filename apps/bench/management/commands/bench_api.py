@@ -4,7 +4,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from apps.occurrences.bench.api_load import ENDPOINTS, bench_api, report_json
+from apps.bench.api_load import ENDPOINTS, bench_api, report_json
 
 # The options passed on to bench_api, each stored under the parameter's own name.
 API_PARAMETERS = (

@@ -14,8 +14,8 @@ import pytest
 import urllib3
 from django.utils import timezone
 
-from apps.occurrences.bench import api_load
-from apps.occurrences.bench.api_load import (
+from apps.bench import api_load
+from apps.bench.api_load import (
     NO_RESPONSE,
     Sample,
     bench_api,
@@ -24,7 +24,7 @@ from apps.occurrences.bench.api_load import (
     timeline,
     web_database_url,
 )
-from apps.occurrences.bench.burst import BurstReport
+from apps.bench.burst import BurstReport
 from apps.schedules.models import Schedule
 from apps.tenants.models import ApiKey, Tenant
 

@@ -24,9 +24,9 @@ from typing import Any
 from django.db import connection
 from django.utils import timezone
 
+from apps.bench.execution import Pool, _copy_every_minute, _stack, _wait_until
+from apps.bench.fixtures import next_whole_minute
 from apps.occurrences.audit.reconcile import POLICY_BREACHES, reconcile
-from apps.occurrences.bench.execution import Pool, _copy_every_minute, _stack, _wait_until
-from apps.occurrences.bench.fixtures import next_whole_minute
 from apps.occurrences.misfire import late_runs_allowed
 from apps.occurrences.models import Occurrence
 from apps.schedules.models import Schedule

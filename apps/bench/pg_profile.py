@@ -23,7 +23,7 @@ from typing import Any
 
 from django.db import connection
 
-from apps.occurrences.bench.processes import proc_cpu_s
+from apps.bench.processes import proc_cpu_s
 
 # The tables whose counters the profile reports; partitions are summed into their parent.
 PROFILED_TABLES = (

@@ -23,7 +23,7 @@ from django.db import DatabaseError, connection
 
 from apps.occurrences.pipeline.broker import Publisher
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 WORKER_KIND = "worker"
 WORKER_POOL_KIND = "worker_pool"

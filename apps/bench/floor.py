@@ -25,14 +25,14 @@ from datetime import datetime, timedelta
 from django.db import connection, transaction
 from django.utils import timezone
 
-from apps.occurrences.bench.fixtures import (
+from apps.bench.fixtures import (
     ScheduleBatch,
     bench_tenants,
     bench_tenants_delete,
     cron_definition,
 )
-from apps.occurrences.bench.pg_profile import backend_cpu_s, profile_read
-from apps.occurrences.bench.processes import postgresql_cpu_s
+from apps.bench.pg_profile import backend_cpu_s, profile_read
+from apps.bench.processes import postgresql_cpu_s
 from apps.occurrences.models import Attempt, Lane, Occurrence
 from apps.occurrences.pipeline.partitions import partitions_ensure
 from apps.schedules.models import Schedule
