@@ -19,6 +19,14 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from django.views.decorators.http import require_POST
 
+from apps.core.pagination import (
+    WEB_CURSOR,
+    InvalidCursor,
+    Position,
+    decode_cursor,
+    encode_cursor,
+    web_page,
+)
 from apps.occurrences.manual_runs import (
     BackfillReceipt,
     BackfillTooLarge,
@@ -71,14 +79,6 @@ from apps.schedules.services import (
 )
 from apps.schedules.timerules import TimeRuleError
 from apps.tenants.page_lists import PageList, page_list
-from apps.tenants.pagination import (
-    WEB_CURSOR,
-    InvalidCursor,
-    Position,
-    decode_cursor,
-    encode_cursor,
-    web_page,
-)
 from apps.tenants.web import actor_of, admin_only, tenant_page, tick_of
 
 PAGE_SIZE = 25
