@@ -29,8 +29,7 @@ from apps.occurrences.schedule_changes import (
     schedule_resume,
     schedule_update,
 )
-from apps.schedules.selectors import access_schedule, schedules_filtered
-from apps.schedules.serializers import (
+from apps.occurrences.schedules.serializers import (
     BackfillRequestSerializer,
     BackfillResponseSerializer,
     LifecycleResponseSerializer,
@@ -44,6 +43,7 @@ from apps.schedules.serializers import (
     ScheduleSerializer,
     update_serializer,
 )
+from apps.schedules.selectors import access_schedule, schedules_filtered
 from apps.schedules.services import schedule_create, schedule_preview, schedule_preview_saved
 from apps.tenants.authentication import principal_of
 from apps.tenants.services import (
