@@ -310,7 +310,7 @@ SPECTACULAR_SETTINGS = {
         "AlertChannelKindEnum": "apps.occurrences.models.AlertChannel.Kind",
         "AlertEventEnum": "apps.occurrences.models.AlertEvent",
         "AlertRuleEventEnum": "apps.occurrences.serializers.RULE_EVENT_CHOICES",
-        "KindEnum": "apps.schedules.serializers.KIND_IN",
+        "KindEnum": "apps.occurrences.schedules.serializers.KIND_IN",
         "AlertDeliveryStateEnum": "apps.occurrences.models.AlertDelivery.State",
     },
 }

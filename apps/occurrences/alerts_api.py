@@ -9,14 +9,15 @@ from contextlib import contextmanager
 from typing import Any, NoReturn
 
 from django.utils import timezone
-from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.exceptions import MethodNotAllowed
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from apps.core.openapi import BODY, COMMON, IDEMPOTENCY_KEY, error_table
+from apps.core.pagination import KeysetPagination, unknown_query_params
 from apps.occurrences.alerts.configure import (
     AlertConfigError,
     access_channel,
@@ -43,9 +44,7 @@ from apps.occurrences.serializers import (
     channel_as_input,
     rule_as_input,
 )
-from apps.schedules.serializers import ErrorSerializer
 from apps.tenants.authentication import principal_of
-from apps.tenants.pagination import KeysetPagination, unknown_query_params
 from apps.tenants.services import (
     IdempotentResponse,
     idempotency_lookup,
@@ -53,43 +52,17 @@ from apps.tenants.services import (
     idempotent_call,
 )
 
-_DESCRIBED: dict[int | str, str] = {
-    400: "Invalid input (field errors in `error.fields`).",
-    401: "Missing, unknown, revoked or expired API key.",
-    404: "No such channel or rule in this tenant.",
-    409: "The Idempotency-Key was used with another body.",
-    413: "Request body over the size cap.",
-    415: "Only application/json bodies are accepted.",
-    429: "Per-key rate limit; retry after `Retry-After` seconds.",
-    "409-confirm": "The channel is confirmed already (or a webhook): no mail to send.",
-    "409-unconfirmed": "An e-mail channel whose address has not confirmed it yet.",
-    "429-mail": (
-        "Per-key rate limit, or the tenant's hourly share of this kind of mail is spent; "
-        "retry after `Retry-After` seconds."
-    ),
-}
-
-
-def _errors(*codes: int | str) -> dict[int, OpenApiResponse]:
-    return {
-        int(str(c).split("-")[0]): OpenApiResponse(ErrorSerializer, description=_DESCRIBED[c])
-        for c in codes
+_errors = error_table(
+    {
+        404: "No such channel or rule in this tenant.",
+        409: "The Idempotency-Key was used with another body.",
+        "409-confirm": "The channel is confirmed already (or a webhook): no mail to send.",
+        "409-unconfirmed": "An e-mail channel whose address has not confirmed it yet.",
+        "429-mail": (
+            "Per-key rate limit, or the tenant's hourly share of this kind of mail is spent; "
+            "retry after `Retry-After` seconds."
+        ),
     }
-
-
-_COMMON = (401, 429)
-_BODY = (400, 413, 415)
-
-IDEMPOTENCY_KEY = OpenApiParameter(
-    "Idempotency-Key",
-    OpenApiTypes.STR,
-    OpenApiParameter.HEADER,
-    required=False,
-    description=(
-        "As on POST /api/v1/schedules: a retry with the same key and body returns the first "
-        "response (header `Idempotent-Replayed: true`); the same key with another body "
-        "answers 409."
-    ),
 )
 
 
@@ -159,7 +132,7 @@ class AlertView(APIView):
 
 
 class AlertChannelListCreate(AlertView):
-    @extend_schema(responses={200: AlertChannelSerializer(many=True), **_errors(400, *_COMMON)})
+    @extend_schema(responses={200: AlertChannelSerializer(many=True), **_errors(400, *COMMON)})
     def get(self, request: Request) -> Response:
         """The tenant's alert channels by name (at most 50 per tenant: not paginated)."""
         _no_query(request)
@@ -169,7 +142,7 @@ class AlertChannelListCreate(AlertView):
     @extend_schema(
         request=AlertChannelInputSerializer,
         parameters=[IDEMPOTENCY_KEY],
-        responses={201: AlertChannelSerializer, **_errors(*_BODY, 409, 401, "429-mail")},
+        responses={201: AlertChannelSerializer, **_errors(*BODY, 409, 401, "429-mail")},
     )
     def post(self, request: Request) -> Response:
         """Add a channel: an e-mail address, or a webhook URL that passes the same address
@@ -193,7 +166,7 @@ class AlertChannelListCreate(AlertView):
 
 
 class AlertChannelDetail(AlertView):
-    @extend_schema(responses={200: AlertChannelSerializer, **_errors(404, *_COMMON)})
+    @extend_schema(responses={200: AlertChannelSerializer, **_errors(404, *COMMON)})
     def get(self, request: Request, channel_id: Any) -> Response:
         """One alert channel of the tenant."""
         channel = access_channel(tenant=principal_of(request).tenant, channel_id=channel_id)
@@ -202,7 +175,7 @@ class AlertChannelDetail(AlertView):
 
     @extend_schema(
         request=AlertChannelInputSerializer(partial=True),
-        responses={200: AlertChannelSerializer, **_errors(*_BODY, 404, 401, "429-mail")},
+        responses={200: AlertChannelSerializer, **_errors(*BODY, 404, 401, "429-mail")},
     )
     def patch(self, request: Request, channel_id: Any) -> Response:
         """The given fields replace the saved ones; the whole is validated as on create.
@@ -218,7 +191,7 @@ class AlertChannelDetail(AlertView):
             channel = channel_update(channel=channel, spec=body.to_spec(), actor=principal.actor)
         return Response(AlertChannelSerializer(channel).data)
 
-    @extend_schema(responses={204: None, **_errors(404, *_COMMON)})
+    @extend_schema(responses={204: None, **_errors(404, *COMMON)})
     def delete(self, request: Request, channel_id: Any) -> Response:
         """Delete the channel with its rules, its pending alerts and its history."""
         principal = principal_of(request)
@@ -265,7 +238,7 @@ class AlertChannelConfirmation(AlertView):
 
 
 class AlertRuleListCreate(AlertView):
-    @extend_schema(responses={200: AlertRuleSerializer(many=True), **_errors(400, *_COMMON)})
+    @extend_schema(responses={200: AlertRuleSerializer(many=True), **_errors(400, *COMMON)})
     def get(self, request: Request) -> Response:
         """The tenant's alert rules by event (at most 500 per tenant: not paginated)."""
         _no_query(request)
@@ -275,7 +248,7 @@ class AlertRuleListCreate(AlertView):
     @extend_schema(
         request=AlertRuleInputSerializer,
         parameters=[IDEMPOTENCY_KEY],
-        responses={201: AlertRuleSerializer, **_errors(*_BODY, 409, *_COMMON)},
+        responses={201: AlertRuleSerializer, **_errors(*BODY, 409, *COMMON)},
     )
     def post(self, request: Request) -> Response:
         """Send one event to one channel, for every schedule or for one. `threshold_s` and
@@ -295,7 +268,7 @@ class AlertRuleListCreate(AlertView):
 
 
 class AlertRuleDetail(AlertView):
-    @extend_schema(responses={200: AlertRuleSerializer, **_errors(404, *_COMMON)})
+    @extend_schema(responses={200: AlertRuleSerializer, **_errors(404, *COMMON)})
     def get(self, request: Request, rule_id: Any) -> Response:
         """One alert rule of the tenant."""
         rule = access_rule(tenant=principal_of(request).tenant, rule_id=rule_id)
@@ -304,7 +277,7 @@ class AlertRuleDetail(AlertView):
 
     @extend_schema(
         request=AlertRuleInputSerializer(partial=True),
-        responses={200: AlertRuleSerializer, **_errors(*_BODY, 404, *_COMMON)},
+        responses={200: AlertRuleSerializer, **_errors(*BODY, 404, *COMMON)},
     )
     def patch(self, request: Request, rule_id: Any) -> Response:
         """The given fields replace the saved ones; the whole is validated as on create
@@ -317,7 +290,7 @@ class AlertRuleDetail(AlertView):
             rule = rule_update(rule=rule, spec=body.to_spec(), actor=principal.actor)
         return Response(AlertRuleSerializer(rule).data)
 
-    @extend_schema(responses={204: None, **_errors(404, *_COMMON)})
+    @extend_schema(responses={204: None, **_errors(404, *COMMON)})
     def delete(self, request: Request, rule_id: Any) -> Response:
         """Delete the rule with the alerts it recorded."""
         principal = principal_of(request)
@@ -335,7 +308,7 @@ class AlertList(AlertView):
 
     @extend_schema(
         parameters=[AlertListQuerySerializer],
-        responses={200: AlertSerializer(many=True), **_errors(400, *_COMMON)},
+        responses={200: AlertSerializer(many=True), **_errors(400, *COMMON)},
     )
     def get(self, request: Request) -> Response:
         """The tenant's alert history, newest first (cursor pages), each with the state of

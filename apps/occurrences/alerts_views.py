@@ -14,6 +14,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
+from apps.core.pagination import web_page
 from apps.occurrences.alerts.configure import (
     AlertConfigError,
     ChannelSpec,
@@ -39,7 +40,6 @@ from apps.occurrences.forms import AlertChannelForm, AlertRuleForm, show_config_
 from apps.occurrences.models import LAG_EVENTS, AlertChannel, AlertRule
 from apps.tenants.errors import RefusedRequest
 from apps.tenants.page_lists import page_list
-from apps.tenants.pagination import web_page
 from apps.tenants.web import actor_of, admin_only, tenant_page, tick_of
 
 HISTORY_PAGE_SIZE = 50

@@ -22,8 +22,12 @@ from apps.occurrences.models import (
     Attempt,
     Occurrence,
 )
+from apps.occurrences.schedules.serializers import (
+    AnyCaseChoiceField,
+    StrictCharField,
+    StrictIntegerField,
+)
 from apps.occurrences.selectors import attempts_of, enqueue_lag_s, start_lag_s
-from apps.schedules.serializers import AnyCaseChoiceField, StrictCharField, StrictIntegerField
 
 
 class AttemptSerializer(serializers.ModelSerializer[Attempt]):

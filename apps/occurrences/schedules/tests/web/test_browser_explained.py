@@ -13,9 +13,9 @@ from apps.occurrences.execution.claim import occurrence_claim
 from apps.occurrences.execution.complete import attempt_complete
 from apps.occurrences.execution.handlers import PermanentError
 from apps.occurrences.models import Occurrence
+from apps.occurrences.schedules.tests.web import test_browser as base_browser
 from apps.occurrences.tests.support.rows import occurrence, schedule
 from apps.schedules.models import Schedule
-from apps.schedules.tests.web import test_browser as base_browser
 from apps.tenants.tests.browser import page_shot as _shot
 from apps.tenants.tests.browser import wait as _wait
 

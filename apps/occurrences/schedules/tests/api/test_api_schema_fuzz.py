@@ -82,7 +82,7 @@ def _unlisted_fields(case: Any) -> bool:
 def excluded_checks(case: Any) -> list[Any]:
     excluded = []
     # A page cursor is an opaque token only the server issues: any string is schema-valid,
-    # and a forged one is rightly a 400 (apps/tenants/pagination.py).
+    # and a forged one is rightly a 400 (apps/core/pagination.py).
     forged_cursor = bool((case.query or {}).get("cursor"))
     # A NUL character is refused in every JSON string, wherever the schema allows a string
     # (tickweb/parsers.py: PostgreSQL cannot store it in text or jsonb).

@@ -12,13 +12,15 @@ from typing import Any, NoReturn
 
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers, status
 from rest_framework.exceptions import MethodNotAllowed
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from apps.core.openapi import BODY, COMMON, IDEMPOTENCY_KEY, error_table
+from apps.core.pagination import KeysetPagination, unknown_query_params
 from apps.occurrences.manual_runs import schedule_backfill, schedule_run_now
 from apps.occurrences.schedule_changes import (
     LifecycleResult,
@@ -27,11 +29,9 @@ from apps.occurrences.schedule_changes import (
     schedule_resume,
     schedule_update,
 )
-from apps.schedules.selectors import access_schedule, schedules_filtered
-from apps.schedules.serializers import (
+from apps.occurrences.schedules.serializers import (
     BackfillRequestSerializer,
     BackfillResponseSerializer,
-    ErrorSerializer,
     LifecycleResponseSerializer,
     PreviewEntrySerializer,
     PreviewQuerySerializer,
@@ -43,9 +43,9 @@ from apps.schedules.serializers import (
     ScheduleSerializer,
     update_serializer,
 )
+from apps.schedules.selectors import access_schedule, schedules_filtered
 from apps.schedules.services import schedule_create, schedule_preview, schedule_preview_saved
 from apps.tenants.authentication import principal_of
-from apps.tenants.pagination import KeysetPagination, unknown_query_params
 from apps.tenants.services import (
     IdempotentResponse,
     idempotency_lookup,
@@ -53,35 +53,12 @@ from apps.tenants.services import (
     idempotent_call,
 )
 
-
-def _errors(*codes: int) -> dict[int, OpenApiResponse]:
-    described = {
-        400: "Invalid input (field errors in `error.fields`).",
-        401: "Missing, unknown, revoked or expired API key.",
+_errors = error_table(
+    {
         404: "No such schedule in this tenant.",
         405: "Method not allowed (schedules are never deleted: use cancel).",
         409: "Conflict with the schedule's state, a quota, or an Idempotency-Key.",
-        413: "Request body over the size cap.",
-        415: "Only application/json bodies are accepted.",
-        429: "Per-key rate limit; retry after `Retry-After` seconds.",
     }
-    return {c: OpenApiResponse(ErrorSerializer, description=described[c]) for c in codes}
-
-
-_COMMON = (401, 429)
-_BODY = (400, 413, 415)
-
-IDEMPOTENCY_KEY = OpenApiParameter(
-    "Idempotency-Key",
-    OpenApiTypes.STR,
-    OpenApiParameter.HEADER,
-    required=False,
-    description=(
-        "Up to 255 printable ASCII characters, kept per tenant for at least 24 h. A retry "
-        "with the same key and body returns the first response (status and body, header "
-        "`Idempotent-Replayed: true`), also while the first is still running; the same key "
-        "with another body answers 409."
-    ),
 )
 
 
@@ -147,7 +124,7 @@ class ScheduleListCreate(TenantView):
 
     @extend_schema(
         parameters=[ScheduleListQuerySerializer],
-        responses={200: ScheduleSerializer(many=True), **_errors(400, *_COMMON)},
+        responses={200: ScheduleSerializer(many=True), **_errors(400, *COMMON)},
     )
     def get(self, request: Request) -> Response:
         """List the tenant's schedules, newest first, filtered by state and kind (any letter
@@ -163,7 +140,7 @@ class ScheduleListCreate(TenantView):
     @extend_schema(
         request=ScheduleCreateSerializer,
         parameters=[IDEMPOTENCY_KEY],
-        responses={201: ScheduleSerializer, **_errors(*_BODY, 409, *_COMMON)},
+        responses={201: ScheduleSerializer, **_errors(*BODY, 409, *COMMON)},
     )
     def post(self, request: Request) -> Response:
         """Create a schedule. Quotas: active schedules (409 `quota_exceeded`) and the
@@ -210,14 +187,14 @@ class ScheduleListCreate(TenantView):
 
 
 class ScheduleDetail(TenantView):
-    @extend_schema(responses={200: ScheduleSerializer, **_errors(404, *_COMMON)})
+    @extend_schema(responses={200: ScheduleSerializer, **_errors(404, *COMMON)})
     def get(self, request: Request, schedule_id: Any) -> Response:
         schedule = access_schedule(tenant=principal_of(request).tenant, schedule_id=schedule_id)
         return Response(ScheduleSerializer(schedule).data)
 
     @extend_schema(
         request=ScheduleCreateSerializer(partial=True),
-        responses={200: LifecycleResponseSerializer, **_errors(*_BODY, 404, 409, *_COMMON)},
+        responses={200: LifecycleResponseSerializer, **_errors(*BODY, 404, 409, *COMMON)},
     )
     def patch(self, request: Request, schedule_id: Any) -> Response:
         """Change the definition: the given fields replace the saved ones and the whole is
@@ -237,7 +214,7 @@ class ScheduleDetail(TenantView):
 
 class SchedulePause(TenantView):
     @extend_schema(request=None, responses={200: LifecycleResponseSerializer,
-                                            **_errors(404, 409, *_COMMON)})  # fmt: skip
+                                            **_errors(404, 409, *COMMON)})  # fmt: skip
     def post(self, request: Request, schedule_id: Any) -> Response:
         """Stop materializing; pending unpublished occurrences become CANCELED (receipt).
         Idempotent; 409 for a canceled or completed schedule."""
@@ -246,7 +223,7 @@ class SchedulePause(TenantView):
 
 class ScheduleResume(TenantView):
     @extend_schema(request=None, responses={200: LifecycleResponseSerializer,
-                                            **_errors(404, 409, *_COMMON)})  # fmt: skip
+                                            **_errors(404, 409, *COMMON)})  # fmt: skip
     def post(self, request: Request, schedule_id: Any) -> Response:
         """Materialize again from the first instant never materialized; instants that passed
         while paused follow the schedule's misfire policy (those the pause canceled stay
@@ -257,7 +234,7 @@ class ScheduleResume(TenantView):
 
 class ScheduleCancel(TenantView):
     @extend_schema(request=None, responses={200: LifecycleResponseSerializer,
-                                            **_errors(404, *_COMMON)})  # fmt: skip
+                                            **_errors(404, *COMMON)})  # fmt: skip
     def post(self, request: Request, schedule_id: Any) -> Response:
         """Cancel for good (never deleted): pending unpublished occurrences become CANCELED
         (receipt); enqueued ones are canceled by the worker's claim. Idempotent."""
@@ -297,7 +274,7 @@ class ScheduleRunNow(TenantView):
     @extend_schema(
         request=RunNowRequestSerializer,
         parameters=[RUN_REQUEST_KEY],
-        responses={202: RunNowResponseSerializer, **_errors(*_BODY, 404, 409, *_COMMON)},
+        responses={202: RunNowResponseSerializer, **_errors(*BODY, 404, 409, *COMMON)},
     )
     def post(self, request: Request, schedule_id: Any) -> Response:
         """Run the schedule once now, beside its timetable: one occurrence due now on the
@@ -328,7 +305,7 @@ class ScheduleBackfill(TenantView):
         responses={
             200: BackfillResponseSerializer,
             202: BackfillResponseSerializer,
-            **_errors(*_BODY, 404, 409, *_COMMON),
+            **_errors(*BODY, 404, 409, *COMMON),
         },
     )
     def post(self, request: Request, schedule_id: Any) -> Response:
@@ -357,7 +334,7 @@ class ScheduleBackfill(TenantView):
 class SchedulePreview(TenantView):
     @extend_schema(
         parameters=[PreviewQuerySerializer],
-        responses={200: PreviewEntrySerializer(many=True), **_errors(400, 404, *_COMMON)},
+        responses={200: PreviewEntrySerializer(many=True), **_errors(400, 404, *COMMON)},
     )
     def get(self, request: Request, schedule_id: Any) -> Response:
         """The saved schedule's next fires, UTC and local, with a note for each DST effect."""
@@ -373,7 +350,7 @@ class SchedulePreview(TenantView):
 class ScheduleDraftPreview(TenantView):
     @extend_schema(
         request=SchedulePreviewDraftSerializer,
-        responses={200: PreviewEntrySerializer(many=True), **_errors(*_BODY, *_COMMON)},
+        responses={200: PreviewEntrySerializer(many=True), **_errors(*BODY, *COMMON)},
     )
     def post(self, request: Request) -> Response:
         """Preview an unsaved definition; validated exactly as on create, nothing is stored."""

@@ -9,7 +9,7 @@ import re
 import pytest
 
 from apps.occurrences.alerts.configure import ChannelSpec, channel_create
-from apps.schedules.tests.web.long_history import failing_schedule
+from apps.occurrences.schedules.tests.web.long_history import failing_schedule
 from apps.tenants.services import api_key_create
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("partitions_around_today")]

@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from apps.schedules.tests.web.long_history import failing_schedule
-from apps.schedules.tests.web.test_browser import _login
+from apps.occurrences.schedules.tests.web.long_history import failing_schedule
+from apps.occurrences.schedules.tests.web.test_browser import _login
 from apps.tenants.tests.browser import NEEDS_CHROMIUM, SHOTS
 from apps.tenants.tests.browser import wait as _wait
 

@@ -12,12 +12,12 @@ from typing import Any
 from django import forms
 
 from apps.occurrences.execution.registry import handler_names
-from apps.schedules.models import Schedule
-from apps.schedules.serializers import (
+from apps.occurrences.schedules.serializers import (
     ScheduleCreateSerializer,
     SchedulePreviewDraftSerializer,
     update_serializer,
 )
+from apps.schedules.models import Schedule
 from apps.tenants.models import Tenant
 
 

@@ -1,4 +1,4 @@
-"""Keyset pages (apps/tenants/pagination.py): tokens round-trip, forged ones are bad input
+"""Keyset pages (apps/core/pagination.py): tokens round-trip, forged ones are bad input
 (400 in the API, a message on the page), and the API's `previous` links walk back."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from datetime import UTC, datetime
 
 import pytest
 
+from apps.core.pagination import InvalidCursor, Position, decode_cursor, encode_cursor
 from apps.schedules.tests.factories import make_schedule
-from apps.tenants.pagination import InvalidCursor, Position, decode_cursor, encode_cursor
 
 pytestmark = pytest.mark.django_db
 

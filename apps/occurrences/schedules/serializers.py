@@ -727,28 +727,3 @@ class BackfillReceiptSerializer(serializers.Serializer[Any]):
 class BackfillResponseSerializer(serializers.Serializer[Any]):
     schedule = ScheduleSerializer()
     receipt = BackfillReceiptSerializer()
-
-
-@extend_schema_field(
-    {
-        "type": "object",
-        "required": ["code", "message", "fields"],
-        "properties": {
-            "code": {"type": "string", "description": "Stable, machine-readable."},
-            "message": {"type": "string", "description": "For people."},
-            "fields": {
-                "type": "object",
-                "description": "Request field (or non_field_errors) -> messages.",
-                "additionalProperties": {"type": "array", "items": {"type": "string"}},
-            },
-        },
-    }
-)
-class _ErrorObjectField(serializers.JSONField):
-    pass
-
-
-class ErrorSerializer(serializers.Serializer[Any]):
-    """The one error shape of every 4xx (tickweb/exceptions.py)."""
-
-    error = _ErrorObjectField()

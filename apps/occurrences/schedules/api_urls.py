@@ -1,6 +1,6 @@
 from django.urls import path
 
-from apps.schedules import api
+from apps.occurrences.schedules import api
 
 urlpatterns = [
     path("schedules", api.ScheduleListCreate.as_view(), name="schedule-list"),

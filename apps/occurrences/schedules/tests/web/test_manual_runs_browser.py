@@ -12,8 +12,8 @@ import pytest
 from django.utils import timezone
 
 from apps.occurrences.models import Occurrence
+from apps.occurrences.schedules.tests.web.test_browser import _login
 from apps.occurrences.tests.support import rows
-from apps.schedules.tests.web.test_browser import _login
 from apps.tenants.tests.browser import NEEDS_CHROMIUM, SHOTS
 from apps.tenants.tests.browser import wait as _wait
 

@@ -1,8 +1,9 @@
-"""Web UI routes of schedules (mounted at "/")."""
+"""Web UI routes of schedules (mounted at "/"), served by the occurrences app: every schedule
+page shows its runs (apps/occurrences/schedules/__init__.py)."""
 
 from django.urls import path
 
-from apps.schedules import views
+from apps.occurrences.schedules import views
 
 urlpatterns = [
     path("schedules/", views.schedule_list, name="schedule-list"),

@@ -1,6 +1,6 @@
 """Schedule pages of the web UI: thin views over the same selectors, serializers and services
-as /api/v1/schedules (apps/schedules/api.py). Every id goes through `access_schedule` with
-the signed-in user's current tenant: another tenant's id is a 404. Changes are admins' only."""
+as /api/v1/schedules (api.py beside it). Every id goes through `access_schedule` with the
+signed-in user's current tenant: another tenant's id is a 404. Changes are admins' only."""
 
 from __future__ import annotations
 
@@ -19,6 +19,14 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from django.views.decorators.http import require_POST
 
+from apps.core.pagination import (
+    WEB_CURSOR,
+    InvalidCursor,
+    Position,
+    decode_cursor,
+    encode_cursor,
+    web_page,
+)
 from apps.occurrences.manual_runs import (
     BackfillReceipt,
     BackfillTooLarge,
@@ -45,24 +53,24 @@ from apps.occurrences.schedule_health import (
     schedules_health,
     schedules_health_scan,
 )
-from apps.occurrences.selectors import next_runs_shown, occurrences_for
-from apps.schedules.errors import LifecycleError
-from apps.schedules.forms import (
+from apps.occurrences.schedules.forms import (
     ScheduleForm,
     validated_create,
     validated_draft,
     validated_update,
     zone_names,
 )
-from apps.schedules.models import Schedule, ScheduleEvent, ScheduleVersion
-from apps.schedules.rule_words import cron_in_words, schedule_in_words
-from apps.schedules.selectors import access_schedule, schedules_filtered
-from apps.schedules.serializers import (
+from apps.occurrences.schedules.serializers import (
     KIND_IN,
     BackfillRequestSerializer,
     RunNowRequestSerializer,
     schedule_as_input,
 )
+from apps.occurrences.selectors import next_runs_shown, occurrences_for
+from apps.schedules.errors import LifecycleError
+from apps.schedules.models import Schedule, ScheduleEvent, ScheduleVersion
+from apps.schedules.rule_words import cron_in_words, schedule_in_words
+from apps.schedules.selectors import access_schedule, schedules_filtered
 from apps.schedules.services import (
     schedule_create,
     schedule_dst_changes,
@@ -71,14 +79,6 @@ from apps.schedules.services import (
 )
 from apps.schedules.timerules import TimeRuleError
 from apps.tenants.page_lists import PageList, page_list
-from apps.tenants.pagination import (
-    WEB_CURSOR,
-    InvalidCursor,
-    Position,
-    decode_cursor,
-    encode_cursor,
-    web_page,
-)
 from apps.tenants.web import actor_of, admin_only, tenant_page, tick_of
 
 PAGE_SIZE = 25
