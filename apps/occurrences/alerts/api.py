@@ -31,8 +31,7 @@ from apps.occurrences.alerts.configure import (
 )
 from apps.occurrences.alerts.confirm import confirmation_resend
 from apps.occurrences.alerts.history import alerts_history
-from apps.occurrences.models import AlertChannel, AlertRule
-from apps.occurrences.serializers import (
+from apps.occurrences.alerts.serializers import (
     AlertChannelInputSerializer,
     AlertChannelSerializer,
     AlertListQuerySerializer,
@@ -43,6 +42,7 @@ from apps.occurrences.serializers import (
     channel_as_input,
     rule_as_input,
 )
+from apps.occurrences.models import AlertChannel, AlertRule
 from apps.schedules.serializers import ErrorSerializer
 from apps.tenants.authentication import principal_of
 from apps.tenants.pagination import KeysetPagination, unknown_query_params
