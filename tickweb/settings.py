@@ -111,7 +111,7 @@ WSGI_APPLICATION = "tickweb.wsgi.application"
 ASGI_APPLICATION = "tickweb.asgi.application"
 
 LANGUAGE_CODE = "en-us"
-# UTC everywhere; local wall-clock time exists only inside apps/schedules/timerules.py.
+# UTC everywhere; local wall-clock time exists only inside apps/schedules/timerules/.
 # In this zone DRF writes every instant as RFC 3339 with `Z`, the API's one timestamp
 # format (docs/api.md; timerules.instant_text writes the hand-made ones alike).
 TIME_ZONE = "UTC"

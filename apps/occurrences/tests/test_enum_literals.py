@@ -5,17 +5,17 @@ renamed and silently matches nothing. This scan fails on such a copy."""
 from __future__ import annotations
 
 import ast
+import enum
 import re
 from collections.abc import Iterator
 from pathlib import Path
 
 from django.conf import settings
-from django.db import models
 
 from apps.occurrences.models import Attempt, Lane, Occurrence, ShardLease
 from apps.schedules.models import Schedule
 
-ENUMS: tuple[type[models.TextChoices], ...] = (
+ENUMS: tuple[type[enum.Enum], ...] = (
     Occurrence.State,
     Attempt.Outcome,
     Lane,
@@ -28,7 +28,7 @@ ENUMS: tuple[type[models.TextChoices], ...] = (
     Schedule.DstGap,
     Schedule.DstFold,
 )
-VALUES = frozenset(str(value) for enum in ENUMS for value in enum.values)
+VALUES = frozenset(str(member.value) for choices in ENUMS for member in choices)
 # Literals that equal an enum value by coincidence, each with the reason it is not one.
 NOT_ENUM_VALUES = {
     # manage.py command names, also the keys of the benchmark's JSON report.
@@ -46,7 +46,7 @@ NOT_ENUM_VALUES = {
     # English ordinals for "the first Monday", not a DST fold choice.
     ("apps/schedules/rule_words.py", "first"),
 }
-ENUM_BASES = {"TextChoices", "IntegerChoices", "StrEnum", "Enum"}
+ENUM_BASES = {"TextChoices", "IntegerChoices", "StrEnum", "Enum", "Choices"}
 
 
 def _production_files() -> Iterator[Path]:
