@@ -309,7 +309,7 @@ SPECTACULAR_SETTINGS = {
         # Alerts: a channel's kind beside the schedule's, a rule's events beside the history's.
         "AlertChannelKindEnum": "apps.occurrences.models.AlertChannel.Kind",
         "AlertEventEnum": "apps.occurrences.models.AlertEvent",
-        "AlertRuleEventEnum": "apps.occurrences.serializers.RULE_EVENT_CHOICES",
+        "AlertRuleEventEnum": "apps.occurrences.alerts.serializers.RULE_EVENT_CHOICES",
         "KindEnum": "apps.occurrences.schedules.serializers.KIND_IN",
         "AlertDeliveryStateEnum": "apps.occurrences.models.AlertDelivery.State",
     },
