@@ -347,6 +347,12 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 # Handlers can run for hours: a worker reserves one message per pool slot, no more.
 CELERY_WORKER_PREFETCH_MULTIPLIER = env_int("CELERY_WORKER_PREFETCH_MULTIPLIER", 1)
+# Celery's Django fixup closes every database connection before and after each task unless
+# this is set: a new PostgreSQL backend per occurrence cost more server CPU than the claim and
+# completion together (docs/decisions.md "Workers keep their database connection"). Set, it
+# closes only every this many tasks; tickweb/celery.py closes per CONN_MAX_AGE and on errors
+# as Django does per request.
+CELERY_DB_REUSE_MAX = 1_000_000
 # Tick sends no ETA tasks: without Celery's delayed-delivery step a worker consumes at once
 # after failing over to another node (apps/occurrences/execution/worker_consumer.py).
 CELERY_WORKER_CONSUMER = "apps.occurrences.execution.worker_consumer:TickConsumer"
