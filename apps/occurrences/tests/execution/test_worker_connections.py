@@ -8,7 +8,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
-from celery.fixups.django import DjangoWorkerFixup
+from celery.fixups.django import DjangoWorkerFixup  # type: ignore[attr-defined]
 from django.db import connection
 
 from tickweb.celery import _close_old_connections, app
