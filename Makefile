@@ -7,6 +7,9 @@ STAMP := $(VENV)/.installed
 ENV_FILE := .run/services.env
 
 export DJANGO_DEBUG ?= 1
+# The bench app (apps/bench/, the bench_* commands) is installed for `make run` and `make test`;
+# production settings leave it out (tickweb/settings.py TICK_BENCH).
+export TICK_BENCH ?= 1
 
 .PHONY: run test lint pytest pytest-pooler install services services-stop migrate schema clean browsers \
 	pgbouncer ha-packages patroni
@@ -81,8 +84,10 @@ patroni: install ha-packages
 POOLER_SUITE := apps/tenants/tests/test_rls.py apps/tenants/tests/test_pooler_leak.py \
 	apps/tenants/tests/test_keys.py apps/tenants/tests/test_idempotency.py \
 	apps/tenants/tests/test_rate_limit.py apps/tenants/tests/test_views.py \
-	apps/schedules/tests/api/test_api.py apps/schedules/tests/api/test_api_lifecycle.py \
-	apps/schedules/tests/api/test_api_concurrency.py apps/schedules/tests/web/test_views.py \
+	apps/occurrences/schedules/tests/api/test_api.py \
+	apps/occurrences/schedules/tests/api/test_api_lifecycle.py \
+	apps/occurrences/schedules/tests/api/test_api_concurrency.py \
+	apps/occurrences/schedules/tests/web/test_views.py \
 	apps/occurrences/tests/interfaces/test_manual_runs_api.py \
 	apps/occurrences/tests/interfaces/test_views.py \
 	apps/occurrences/tests/execution/test_execution.py
