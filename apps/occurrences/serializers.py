@@ -5,6 +5,7 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from apps.core.fields import AnyCaseChoiceField, StrictCharField, StrictIntegerField
 from apps.occurrences.alerts.configure import (
     MAX_THRESHOLD_S,
     MAX_WINDOW_MINUTES,
@@ -21,11 +22,6 @@ from apps.occurrences.models import (
     AlertRule,
     Attempt,
     Occurrence,
-)
-from apps.occurrences.schedules.serializers import (
-    AnyCaseChoiceField,
-    StrictCharField,
-    StrictIntegerField,
 )
 from apps.occurrences.selectors import attempts_of, enqueue_lag_s, start_lag_s
 

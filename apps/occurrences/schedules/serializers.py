@@ -17,6 +17,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 from rest_framework.fields import SkipField
 
+from apps.core.fields import AnyCaseChoiceField, StrictCharField, StrictIntegerField
 from apps.occurrences.execution.handlers import PayloadError
 from apps.occurrences.execution.registry import handler_names, handler_spec
 from apps.occurrences.manual_runs import BackfillOnly
@@ -40,24 +41,6 @@ KIND_OUT = {v: k for k, v in KIND_IN.items()}
 
 def _lower_choices(choices: type[Any]) -> list[str]:
     return [value.lower() for value in choices.values]
-
-
-class StrictCharField(serializers.CharField):
-    """A string, never a number coerced into one (DRF's CharField accepts 123 as "123")."""
-
-    def to_internal_value(self, data: Any) -> str:
-        if not isinstance(data, str):
-            self.fail("invalid")
-        return super().to_internal_value(data)
-
-
-class StrictIntegerField(serializers.IntegerField):
-    """A JSON integer, never a numeric string, a float or a boolean."""
-
-    def to_internal_value(self, data: Any) -> int:
-        if isinstance(data, bool) or not isinstance(data, int):
-            self.fail("invalid")
-        return super().to_internal_value(data)
 
 
 class ScheduleCreateSerializer(serializers.Serializer[Any]):
@@ -471,18 +454,6 @@ def update_serializer(schedule: Schedule, data: Any) -> ScheduleCreateSerializer
     return ScheduleCreateSerializer(
         data=merged, context={"current_run_at": schedule.run_at, "tenant": schedule.tenant}
     )
-
-
-class AnyCaseChoiceField(serializers.ChoiceField):
-    """A choice written in any letter case ("paused", "PAUSED"): query filters name enum
-    members, and their case carries no meaning (docs/api.md)."""
-
-    def to_internal_value(self, data: Any) -> Any:
-        if isinstance(data, str):
-            for text, value in self.choice_strings_to_values.items():
-                if text.casefold() == data.casefold():
-                    return value
-        return super().to_internal_value(data)
 
 
 class ScheduleListQuerySerializer(serializers.Serializer[Any]):
