@@ -84,8 +84,10 @@ patroni: install ha-packages
 POOLER_SUITE := apps/tenants/tests/test_rls.py apps/tenants/tests/test_pooler_leak.py \
 	apps/tenants/tests/test_keys.py apps/tenants/tests/test_idempotency.py \
 	apps/tenants/tests/test_rate_limit.py apps/tenants/tests/test_views.py \
-	apps/schedules/tests/api/test_api.py apps/schedules/tests/api/test_api_lifecycle.py \
-	apps/schedules/tests/api/test_api_concurrency.py apps/schedules/tests/web/test_views.py \
+	apps/occurrences/schedules/tests/api/test_api.py \
+	apps/occurrences/schedules/tests/api/test_api_lifecycle.py \
+	apps/occurrences/schedules/tests/api/test_api_concurrency.py \
+	apps/occurrences/schedules/tests/web/test_views.py \
 	apps/occurrences/tests/interfaces/test_manual_runs_api.py \
 	apps/occurrences/tests/interfaces/test_views.py \
 	apps/occurrences/tests/execution/test_execution.py
