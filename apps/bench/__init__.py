@@ -22,6 +22,8 @@ processes.py   the real processes a benchmark starts, and their CPU
 consumer.py    an independent AMQP consumer that counts what was delivered
 pg_profile.py  what PostgreSQL did: statements, tables, WAL, CPU
 sizes.py       sizes per table and index, the due scan's plan
+execution_path.py  bench_sustained --workers: the execution path (claim, complete) under load
+bare_celery.py     bare Celery on Tick's broker, the floor of Celery's own cost per task
 apps.py        the app config
 tests/         the benchmarks' own tests
 """
