@@ -58,7 +58,9 @@ def test_the_live_preview_shows_a_fixed_rates_runs(client, alice, tenant_a):
 
     assert response.status_code == 200
     text = response.content.decode()
-    assert "2027-10-31 02:00" in text and "2027-10-31 02:30" in text  # 90 minutes, fall back
+    # 00:30Z is 02:30 CEST; 90 minutes later the clocks have fallen back: 03:00 CET
+    assert "2027-10-31 02:30 CEST" in text and "2027-10-31 03:00 CET" in text
+    assert "Every 90 minutes from 2027-10-31 00:30 UTC" in text
 
 
 @time_machine.travel(FROZEN, tick=False)
