@@ -7,6 +7,7 @@ from django.utils.html import format_html
 
 from apps.core.admin_base import TickModelAdmin
 from apps.schedules.models import Schedule, ScheduleEvent, ScheduleVersion
+from apps.schedules.timerules import interval_rule_words
 from apps.tenants.readable import detail_text, instant_text
 
 
@@ -39,7 +40,7 @@ class ScheduleEventInline(admin.TabularInline[ScheduleEvent, Schedule]):
 
 @admin.register(Schedule)
 class ScheduleAdmin(TickModelAdmin[Schedule]):
-    list_display = ["name", "tenant", "kind", "expression", "time_zone", "state", "version",
+    list_display = ["name", "tenant", "kind", "rule", "time_zone", "state", "version",
                     "next_run", "timeout", "shard", "occurrences_link"]  # fmt: skip
     list_filter = ["state", "kind", "precision", "misfire_policy", "handler"]
     search_fields = ["name", "=id", "tenant__slug"]
@@ -60,6 +61,13 @@ class ScheduleAdmin(TickModelAdmin[Schedule]):
 
     def has_delete_permission(self, request: object, obj: object = None) -> bool:
         return False  # cancel, never delete: history stays for audit
+
+    @admin.display(description="Rule")
+    def rule(self, obj: Schedule) -> str:
+        """The cron expression, or a fixed rate's period and anchor in words."""
+        if obj.kind == Schedule.Kind.INTERVAL and obj.interval_s and obj.start_at:
+            return interval_rule_words(obj.interval_s, obj.start_at)
+        return obj.expression or "—"
 
     @admin.display(description="Next run", ordering="next_run_at")
     def next_run(self, obj: Schedule) -> str:
