@@ -9,8 +9,13 @@ replay.py     step 5: DEAD → RETRY_WAIT again, same id (dead-letter view)
 cancel.py     cancel one occurrence, at once or cooperatively
 locks.py      advisory locks, their order, the overlap lookback
 requeue.py    one occurrence back through the outbox's retry lane
+retry_bounds.py  attempts, deadline and the tenant's hourly retry budget
+presence.py   live worker capacity and one tenant's share of it (claim's step c)
+deadlines.py  an attempt's run-time limit and how a handler past it is stopped
+fanout.py     an envelope's occurrences started as worker slots free up
 registry.py   every handler by name, with its payload validator
-handlers.py   the handler contract (context, errors) and the demo handlers
+handlers.py   the handler contract: context, errors and how they count
+demo_handlers.py  demo and test handlers, offered only where TICK_EXTRA_HANDLERS names them
 webhook.py, ssrf.py  the webhook handler and its connect-time guard
 egress.py     every outbound HTTP call (handler and alert webhooks) under one total deadline
 tasks.py, worker_consumer.py  the Celery entry points

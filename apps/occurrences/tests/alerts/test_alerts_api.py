@@ -15,7 +15,7 @@ from apps.occurrences.models import Alert, AlertChannel, AlertDelivery, AlertEve
 from apps.occurrences.tests.alerts.support import channel, rule
 from apps.schedules.tests.factories import make_schedule
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.clock_edge]
 
 HOOK = "https://hooks.example.com/tick"
 

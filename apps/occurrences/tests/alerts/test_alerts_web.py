@@ -15,7 +15,7 @@ from apps.occurrences.models import Alert, AlertChannel, AlertDelivery, AlertEve
 from apps.occurrences.tests.alerts.support import channel, rule
 from apps.schedules.tests.factories import make_schedule
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.clock_edge]
 
 
 def test_page_lists_only_the_tenants_channels_rules_and_alerts(client, alice, tenant_a, tenant_b):

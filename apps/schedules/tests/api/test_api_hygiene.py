@@ -15,7 +15,7 @@ from apps.occurrences.tests.support.rows import occurrence
 from apps.schedules.models import Schedule
 from apps.schedules.tests.factories import make_schedule
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.clock_edge]
 
 CRON = {"name": "report", "kind": "cron", "expression": "0 9 * * *",
         "time_zone": "Europe/Berlin", "handler": "noop"}  # fmt: skip
