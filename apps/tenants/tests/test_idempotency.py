@@ -49,7 +49,7 @@ def _refuse() -> tuple[int, Any]:
     raise ValueError("refused by validation")
 
 
-pytestmark = [pytest.mark.django_db, pytest.mark.clock_edge]
+pytestmark = pytest.mark.django_db
 
 
 class TestRequestHash:

@@ -14,7 +14,7 @@ from rest_framework.test import APIClient
 from apps.tenants.models import ApiKey, IdempotencyKey
 from apps.tenants.services import api_key_create, hash_api_key
 
-pytestmark = [pytest.mark.django_db, pytest.mark.clock_edge]
+pytestmark = pytest.mark.django_db
 
 
 def _client(raw: str) -> APIClient:

@@ -19,7 +19,7 @@ from apps.tenants.models import Invitation, Membership, TenantEvent
 from apps.tenants.services import membership_grant
 from apps.tenants.tests.mails import link_in
 
-pytestmark = [pytest.mark.django_db, pytest.mark.clock_edge]
+pytestmark = pytest.mark.django_db
 
 LINK = r"http://testserver(/invite/[^/\s]+/)"
 

@@ -21,7 +21,7 @@ from apps.occurrences.tests.support.pipeline import leases, materialize_config
 from apps.schedules.models import Schedule
 from apps.schedules.tests.factories import make_schedule
 
-pytestmark = [pytest.mark.django_db, pytest.mark.clock_edge]
+pytestmark = pytest.mark.django_db
 
 
 def _occurrence(tenant, **schedule_fields):

@@ -25,8 +25,6 @@ from apps.occurrences.tests.support.rows import occurrence, schedule, state_of
 from apps.tenants.models import SigningSecret
 from apps.tenants.signing import signing_secret_rotate
 
-pytestmark = pytest.mark.clock_edge
-
 TOLERANCE_S = 300
 
 

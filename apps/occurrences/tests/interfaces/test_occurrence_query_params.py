@@ -14,7 +14,7 @@ from apps.occurrences.tests.support.instants import instants, not_in_z
 from apps.occurrences.tests.support.rows import attempt_started, dead_occurrence, occurrence
 from apps.occurrences.tests.support.rows import schedule as make_schedule
 
-pytestmark = [pytest.mark.django_db, pytest.mark.clock_edge]
+pytestmark = pytest.mark.django_db
 
 LISTS = ("/api/v1/occurrences", "/api/v1/occurrences/dead")
 

@@ -21,7 +21,7 @@ from apps.occurrences.tests.support.rows import (
     state_of,
 )
 
-pytestmark = [pytest.mark.django_db, pytest.mark.clock_edge]
+pytestmark = pytest.mark.django_db
 
 
 def _enqueued(tenant, *, minutes_ago, lag_s, lane="strict"):

@@ -16,8 +16,6 @@ from apps.occurrences.pipeline.partitions import partition_name
 from apps.occurrences.tests.support.rows import occurrence, schedule
 from apps.tenants.services import tenant_create
 
-pytestmark = pytest.mark.clock_edge
-
 
 def _hot_and_all_updates(partition: str) -> tuple[int, int]:
     with connection.cursor() as cursor:

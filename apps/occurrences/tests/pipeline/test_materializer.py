@@ -19,7 +19,7 @@ from apps.schedules.models import Schedule, ScheduleEvent
 from apps.schedules.tests.factories import make_schedule
 from apps.tenants.models import Tenant
 
-pytestmark = [pytest.mark.django_db, pytest.mark.clock_edge]
+pytestmark = pytest.mark.django_db
 
 NOW = datetime(2026, 12, 2, 12, 0, 30, tzinfo=UTC)
 
