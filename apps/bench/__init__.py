@@ -6,6 +6,8 @@ Commands (management/commands/bench_*.py) and the module each wraps:
 
 burst.py       bench_burst: N occurrences due at one instant through real processes
 sustained.py   bench_sustained: R occurrences due every minute for M minutes
+execution_path.py  bench_sustained --workers: real workers claim and complete every one
+bare_celery.py     bench_sustained --workers: bare Celery's own cost per task, the floor
 outage.py      bench_outage: a control-plane outage under each misfire policy
 execution.py   bench_execution: start lag with real workers (fan-out, noisy neighbour)
 floor.py       bench_floor: the lean-SQL floor PostgreSQL's work is compared with
