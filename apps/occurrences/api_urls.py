@@ -1,8 +1,14 @@
 from django.urls import path
 
-from apps.occurrences import alerts_api, api
+from apps.occurrences import alerts_api, api, bulk_api
 
 urlpatterns = [
+    path("schedules/bulk", bulk_api.ScheduleBulk.as_view(), name="schedule-bulk"),
+    path(
+        "schedules/bulk/<uuid:bulk_id>",
+        bulk_api.ScheduleBulkDetail.as_view(),
+        name="schedule-bulk-detail",
+    ),
     path("occurrences", api.OccurrenceList.as_view(), name="occurrence-list"),
     path("occurrences/dead", api.DeadOccurrenceList.as_view(), name="occurrence-dead"),
     path("occurrences/replay", api.OccurrenceBulkReplay.as_view(), name="occurrence-replay-bulk"),
