@@ -7,6 +7,9 @@ STAMP := $(VENV)/.installed
 ENV_FILE := .run/services.env
 
 export DJANGO_DEBUG ?= 1
+# The bench app (apps/bench/, the bench_* commands) is installed for `make run` and `make test`;
+# production settings leave it out (tickweb/settings.py TICK_BENCH).
+export TICK_BENCH ?= 1
 
 .PHONY: run test lint pytest pytest-pooler install services services-stop migrate schema clean browsers \
 	pgbouncer ha-packages patroni

@@ -91,7 +91,7 @@ def measure(mode: str, args: argparse.Namespace, logs: Path) -> dict[str, object
            "PYTHONUNBUFFERED": "1"}  # fmt: skip
     bouncer = None
     engine_env = dict(env)
-    bench_env = dict(env)
+    bench_env = {**env, "TICK_BENCH": "1"}  # bench_api is in apps/bench/, even with DEBUG off
     if mode == "pgbouncer":
         bouncer = PrivatePgBouncer(owner_url, pool_size=args.pool_size, users=("tick_web",))
         bouncer.start()

@@ -52,6 +52,12 @@ INSTALLED_APPS = [
     # Registers the system checks of tickweb/checks.py.
     "tickweb.apps.TickwebConfig",
 ]
+# The benchmarks (apps/bench/: the bench_* commands, their code and tests) are no part of the
+# product: installed only when TICK_BENCH is on, which it is by default with DJANGO_DEBUG
+# (`make run`, `make test`); a production deployment never lists them (docs/decisions.md).
+TICK_BENCH = env_bool("TICK_BENCH", DEBUG)
+if TICK_BENCH:
+    INSTALLED_APPS.append("apps.bench")
 
 MIDDLEWARE = [
     # Before/After pair: the Prometheus middleware times everything in between.
@@ -105,7 +111,7 @@ WSGI_APPLICATION = "tickweb.wsgi.application"
 ASGI_APPLICATION = "tickweb.asgi.application"
 
 LANGUAGE_CODE = "en-us"
-# UTC everywhere; local wall-clock time exists only inside apps/schedules/timerules.py.
+# UTC everywhere; local wall-clock time exists only inside apps/schedules/timerules/.
 # In this zone DRF writes every instant as RFC 3339 with `Z`, the API's one timestamp
 # format (docs/api.md; timerules.instant_text writes the hand-made ones alike).
 TIME_ZONE = "UTC"

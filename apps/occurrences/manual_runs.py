@@ -38,6 +38,7 @@ from django.utils import timezone
 from apps.occurrences.execution.locks import overlap_lookback
 from apps.occurrences.models import OCCURRENCE_NAMESPACE, Lane, Occurrence
 from apps.occurrences.pipeline.bulk import text_array
+from apps.occurrences.pipeline.outbox import outbox_insert
 from apps.occurrences.pipeline.partitions import (
     partitions_absent,
     partitions_ensure,
@@ -171,9 +172,24 @@ class BackfillReceipt:
     occurrences: list[uuid.UUID] = field(default_factory=list)
 
 
+# The outbox rows of the occurrences just inserted that are due to run.
+_NEW_ROWS_OUTBOX = outbox_insert(
+    occurrence_id="id",
+    scheduled_for="scheduled_for",
+    schedule_id="%(schedule)s",
+    schedule_version="%(version)s",
+    tenant_id="%(tenant)s",
+    shard="%(shard)s",
+    lane="%(lane)s",
+    available_at="%(now)s",
+    created_at="%(now)s",
+    source="FROM ins WHERE state = %(scheduled)s",
+    returning="RETURNING 1",
+)
+
 # One statement for both: the occurrences and, for those inserted and due to run, their
 # outbox rows (the materializer's pattern; nothing is published that was not inserted).
-_INSERT = """
+_INSERT = f"""
     WITH rows AS (
         SELECT * FROM unnest(%(id)s::uuid[], %(at)s::timestamptz[], %(state)s::text[])
             AS r(id, scheduled_for, state)
@@ -191,15 +207,7 @@ _INSERT = """
         ON CONFLICT DO NOTHING
         RETURNING id, scheduled_for, state
     ),
-    outbox AS (
-        INSERT INTO occurrences_dispatchoutbox
-            (occurrence_id, scheduled_for, schedule_id, schedule_version, tenant_id, shard,
-             lane, available_at, created_at)
-        SELECT id, scheduled_for, %(schedule)s, %(version)s, %(tenant)s, %(shard)s, %(lane)s,
-               %(now)s, %(now)s
-        FROM ins WHERE state = %(scheduled)s
-        RETURNING 1
-    )
+    outbox AS ({_NEW_ROWS_OUTBOX})
     SELECT id FROM ins ORDER BY scheduled_for
 """
 

@@ -46,6 +46,7 @@ from django.utils import timezone
 from apps.occurrences.models import Lane, Occurrence
 from apps.occurrences.pipeline.leases import relay_shard_barrier
 from apps.occurrences.pipeline.materializer import MaterializeConfig, old_version_until_boundary
+from apps.occurrences.pipeline.outbox import outbox_insert
 from apps.occurrences.pipeline.relay import RELAY_CLOCK_SLACK
 from apps.schedules.errors import StateConflict
 from apps.schedules.models import Schedule, ScheduleEvent
@@ -156,11 +157,26 @@ _RECALL = """
     RETURNING o.id, o.scheduled_for, recalled.due
 """
 
+# A fresh outbox row for each occurrence a resume brings back.
+_RESTORED_OUTBOX = outbox_insert(
+    occurrence_id="id",
+    scheduled_for="scheduled_for",
+    schedule_id="%(schedule)s",
+    schedule_version="%(version)s",
+    tenant_id="tenant_id",
+    shard="%(shard)s",
+    lane="lane",
+    available_at="available_at",
+    created_at="%(now)s",
+    source="FROM back",
+    returning="RETURNING 1",
+)
+
 # Resume: the current version's occurrences the last pause canceled (`finished_at` is the
 # pause's instant, as its `paused` event's `at`), never published nor tried, whose instant is
 # still ahead, go back to SCHEDULED with a fresh outbox row in one statement. Same ids: a copy
 # of one that the relay did publish would be a duplicate the claim drops, never a second run.
-_RESTORE = """
+_RESTORE = f"""
     WITH paused AS (
         SELECT max(at) AS at FROM schedules_scheduleevent
         WHERE schedule_id = %(schedule)s AND kind = %(paused)s
@@ -175,15 +191,7 @@ _RESTORE = """
           AND o.cancel_requested_at IS NULL
         RETURNING o.id, o.scheduled_for, o.tenant_id, o.lane, o.available_at
     ),
-    outbox AS (
-        INSERT INTO occurrences_dispatchoutbox
-            (occurrence_id, scheduled_for, schedule_id, schedule_version, tenant_id, shard,
-             lane, available_at, created_at)
-        SELECT id, scheduled_for, %(schedule)s, %(version)s, tenant_id, %(shard)s, lane,
-               available_at, %(now)s
-        FROM back
-        RETURNING 1
-    )
+    outbox AS ({_RESTORED_OUTBOX})
     SELECT id, scheduled_for FROM back ORDER BY scheduled_for, id
 """
 

@@ -12,6 +12,7 @@ from django.db import models
 from django.db.models import JSONField, Value
 from django.db.models.functions import Upper
 
+from apps.schedules import rule_options
 from apps.tenants.models import Tenant
 
 
@@ -40,13 +41,9 @@ class Schedule(models.Model):
         SKIP_IF_RUNNING = "SKIP_IF_RUNNING", "Skip if running"
         QUEUE_ONE = "QUEUE_ONE", "Queue one"
 
-    class DstGap(models.TextChoices):
-        SKIP = "skip", "Skip"
-        SHIFT = "shift", "Shift"
-
-    class DstFold(models.TextChoices):
-        FIRST = "first", "First"
-        BOTH = "both", "Both"
+    # The DST options live beside the time rules, which import nothing from Django.
+    DstGap = rule_options.DstGap
+    DstFold = rule_options.DstFold
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="schedules")
@@ -54,10 +51,10 @@ class Schedule(models.Model):
     kind = models.CharField(max_length=16, choices=Kind.choices)
     expression = models.CharField(max_length=200, blank=True, default="")
     run_at = models.DateTimeField(null=True, blank=True)
-    # Kept as given (IANA name); wall-clock evaluation happens only in timerules.py.
+    # Kept as given (IANA name); wall-clock evaluation happens only in timerules/.
     time_zone = models.CharField(max_length=64, default="UTC")
-    dst_gap = models.CharField(max_length=8, choices=DstGap.choices, default=DstGap.SKIP)
-    dst_fold = models.CharField(max_length=8, choices=DstFold.choices, default=DstFold.FIRST)
+    dst_gap = models.CharField(max_length=8, choices=DstGap.choices, default=DstGap.SKIP.value)
+    dst_fold = models.CharField(max_length=8, choices=DstFold.choices, default=DstFold.FIRST.value)
     start_at = models.DateTimeField(null=True, blank=True)
     end_at = models.DateTimeField(null=True, blank=True)
 

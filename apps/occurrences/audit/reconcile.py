@@ -5,7 +5,7 @@ produced inside `[from, to)` and compares them with the stored occurrences. The 
 instants come from an **independent code path**: `cron_matcher.py`, the second cron
 evaluator, which walks the local wall clock minute by minute and decides DST by reading the
 clock back through `zoneinfo`. Neither `materializer.py` (`_plan`, `_fires`, `_latest_before`)
-nor `timerules.py` is called, so a bug in either cannot hide itself here.
+nor `timerules` is called, so a bug in either cannot hide itself here.
 
 Chunk by chunk (bounded memory: one chunk of `chunk_size` schedules with their versions,
 events, occurrences and outbox ids at a time), each chunk read in one REPEATABLE READ

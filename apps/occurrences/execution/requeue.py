@@ -15,6 +15,7 @@ from datetime import datetime
 from django.db.backends.utils import CursorWrapper
 
 from apps.occurrences.models import Lane
+from apps.occurrences.pipeline.outbox import outbox_insert
 
 
 @dataclass(frozen=True)
@@ -29,29 +30,41 @@ class OutboxTarget:
     shard: int
 
 
+_REQUEUE_ONE = outbox_insert(
+    occurrence_id="%(occurrence)s",
+    scheduled_for="%(scheduled_for)s",
+    schedule_id="%(schedule)s",
+    schedule_version="%(version)s",
+    tenant_id="%(tenant)s",
+    shard="%(shard)s",
+    lane="%(lane)s",
+    available_at="%(available_at)s",
+    created_at="%(now)s",
+)
+
+
 def requeue_through_outbox(
     cursor: CursorWrapper, occ: OutboxTarget, *, available_at: datetime, now: datetime
 ) -> None:
-    cursor.execute(
-        """
-        INSERT INTO occurrences_dispatchoutbox
-            (occurrence_id, scheduled_for, schedule_id, schedule_version, tenant_id, shard,
-             lane, available_at, created_at)
-        VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)
-        """,
-        [occ.occurrence_id, occ.scheduled_for, occ.schedule_id, occ.schedule_version,
-         occ.tenant_id, occ.shard, Lane.RETRY, available_at, now],
-    )  # fmt: skip
+    cursor.execute(_REQUEUE_ONE, {
+        "occurrence": occ.occurrence_id, "scheduled_for": occ.scheduled_for,
+        "schedule": occ.schedule_id, "version": occ.schedule_version, "tenant": occ.tenant_id,
+        "shard": occ.shard, "lane": Lane.RETRY, "available_at": available_at, "now": now,
+    })  # fmt: skip
 
 
 # The set-based form (reaper.py, replay.py), as the body of a CTE: one retry-lane outbox row,
 # due `%(now)s`, for each row of the statement's CTE `requeued` (id, scheduled_for,
 # schedule_id, schedule_version, tenant_id). The caller may append a WHERE on `r`.
-REQUEUED_TO_OUTBOX = """
-    INSERT INTO occurrences_dispatchoutbox
-        (occurrence_id, scheduled_for, schedule_id, schedule_version, tenant_id, shard,
-         lane, available_at, created_at)
-    SELECT r.id, r.scheduled_for, r.schedule_id, r.schedule_version, r.tenant_id, s.shard,
-           %(retry_lane)s, %(now)s, %(now)s
-    FROM requeued r JOIN schedules_schedule s ON s.id = r.schedule_id
-"""
+REQUEUED_TO_OUTBOX = outbox_insert(
+    occurrence_id="r.id",
+    scheduled_for="r.scheduled_for",
+    schedule_id="r.schedule_id",
+    schedule_version="r.schedule_version",
+    tenant_id="r.tenant_id",
+    shard="s.shard",
+    lane="%(retry_lane)s",
+    available_at="%(now)s",
+    created_at="%(now)s",
+    source="FROM requeued r JOIN schedules_schedule s ON s.id = r.schedule_id",
+)

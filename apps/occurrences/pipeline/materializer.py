@@ -36,6 +36,7 @@ from apps.occurrences.models import Lane, Occurrence, ShardLease, occurrence_id_
 from apps.occurrences.observability import metrics
 from apps.occurrences.pipeline.bulk import array_literal
 from apps.occurrences.pipeline.leases import LeaseSet
+from apps.occurrences.pipeline.outbox import outbox_insert
 from apps.occurrences.pipeline.partitions import (
     partition_name,
     partitions_ensure,
@@ -232,7 +233,23 @@ SELECT_DUE = f"""
 URGENT_RANGE = timedelta(seconds=10)
 DISTANT_PAST = datetime(1970, 1, 1, tzinfo=UTC)
 
-_INSERT_OCCURRENCES = """
+# The outbox rows of the occurrences just inserted that are due to fire.
+_INSERTED_OUTBOX = outbox_insert(
+    occurrence_id="r.id",
+    scheduled_for="r.scheduled_for",
+    schedule_id="r.schedule_id",
+    schedule_version="r.version",
+    tenant_id="r.tenant_id",
+    shard="r.shard",
+    lane="r.lane",
+    available_at="r.available_at",
+    created_at="%(now)s",
+    source="FROM ins JOIN rows r ON r.id = ins.id AND r.scheduled_for = ins.scheduled_for"
+    " WHERE ins.state = %(scheduled_state)s",
+    returning="RETURNING 1",
+)
+
+_INSERT_OCCURRENCES = f"""
     WITH rows AS (
         SELECT * FROM unnest(
             %(id)s::uuid[], %(at)s::timestamptz[], %(schedule)s::uuid[], %(version)s::int[],
@@ -251,16 +268,7 @@ _INSERT_OCCURRENCES = """
         ON CONFLICT DO NOTHING
         RETURNING id, scheduled_for, state
     ),
-    outbox AS (
-        INSERT INTO occurrences_dispatchoutbox
-            (occurrence_id, scheduled_for, schedule_id, schedule_version, tenant_id, shard,
-             lane, available_at, created_at)
-        SELECT r.id, r.scheduled_for, r.schedule_id, r.version, r.tenant_id, r.shard, r.lane,
-               r.available_at, %(now)s
-        FROM ins JOIN rows r ON r.id = ins.id AND r.scheduled_for = ins.scheduled_for
-        WHERE ins.state = %(scheduled_state)s
-        RETURNING 1
-    )
+    outbox AS ({_INSERTED_OUTBOX})
     SELECT (SELECT count(*) FROM ins), (SELECT count(*) FROM outbox)
 """
 _OCCURRENCE_COLUMNS = (

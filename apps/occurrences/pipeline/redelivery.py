@@ -25,6 +25,22 @@ from django.db import connection, transaction
 
 from apps.occurrences.models import Lane, Occurrence
 from apps.occurrences.observability import metrics
+from apps.occurrences.pipeline.outbox import outbox_insert
+
+# One retry-lane outbox row, due now, per redelivered occurrence (same id).
+_REDELIVERED_OUTBOX = outbox_insert(
+    occurrence_id="id",
+    scheduled_for="scheduled_for",
+    schedule_id="schedule_id",
+    schedule_version="schedule_version",
+    tenant_id="tenant_id",
+    shard="shard",
+    lane="%(lane)s",
+    available_at="%(now)s",
+    created_at="%(now)s",
+    source="FROM redelivered",
+    returning="RETURNING 1",
+)
 
 # `lost` walks occurrence_open_idx (unfinished occurrences by instant: the in-flight work
 # only) over the lookback; the first confirm is never later than the latest, so
@@ -33,7 +49,7 @@ from apps.occurrences.observability import metrics
 # The outbox has no index on occurrence_id: the schedule's shard narrows the pending-row
 # probe through outbox_due_idx, so no plan can scan the whole outbox once per candidate.
 # SKIP LOCKED: an occurrence being claimed right now is left to its claim.
-_REDELIVER = """
+_REDELIVER = f"""
     WITH lost AS (
         SELECT o.id, o.scheduled_for, s.shard
         FROM occurrences_occurrence o
@@ -65,15 +81,7 @@ _REDELIVER = """
           AND o.scheduled_for >= %(since)s AND o.scheduled_for <= %(now)s
         RETURNING o.id, o.scheduled_for, o.schedule_id, o.schedule_version, o.tenant_id, l.shard
     ),
-    outbox AS (
-        INSERT INTO occurrences_dispatchoutbox
-            (occurrence_id, scheduled_for, schedule_id, schedule_version, tenant_id, shard,
-             lane, available_at, created_at)
-        SELECT id, scheduled_for, schedule_id, schedule_version, tenant_id, shard,
-               %(lane)s, %(now)s, %(now)s
-        FROM redelivered
-        RETURNING 1
-    )
+    outbox AS ({_REDELIVERED_OUTBOX})
     SELECT count(*) FROM outbox
 """
 

@@ -5,17 +5,17 @@ renamed and silently matches nothing. This scan fails on such a copy."""
 from __future__ import annotations
 
 import ast
+import enum
 import re
 from collections.abc import Iterator
 from pathlib import Path
 
 from django.conf import settings
-from django.db import models
 
 from apps.occurrences.models import Attempt, Lane, Occurrence, ShardLease
 from apps.schedules.models import Schedule
 
-ENUMS: tuple[type[models.TextChoices], ...] = (
+ENUMS: tuple[type[enum.Enum], ...] = (
     Occurrence.State,
     Attempt.Outcome,
     Lane,
@@ -28,25 +28,25 @@ ENUMS: tuple[type[models.TextChoices], ...] = (
     Schedule.DstGap,
     Schedule.DstFold,
 )
-VALUES = frozenset(str(value) for enum in ENUMS for value in enum.values)
+VALUES = frozenset(str(member.value) for choices in ENUMS for member in choices)
 # Literals that equal an enum value by coincidence, each with the reason it is not one.
 NOT_ENUM_VALUES = {
     # manage.py command names, also the keys of the benchmark's JSON report.
-    ("apps/occurrences/bench/burst.py", "relay"),
+    ("apps/bench/burst.py", "relay"),
     # The audit command's printed verdict (OK / FAILED), not an attempt outcome.
     ("apps/occurrences/management/commands/reconcile.py", "FAILED"),
     # The benchmarks' phase names (the process that does the work), not a lease role.
-    ("apps/occurrences/bench/floor.py", "relay"),
-    ("apps/occurrences/bench/pg_profile.py", "relay"),
-    ("apps/occurrences/bench/outage.py", "relay"),
+    ("apps/bench/floor.py", "relay"),
+    ("apps/bench/pg_profile.py", "relay"),
+    ("apps/bench/outage.py", "relay"),
     # bench_outage's tenant labels (slugs of its four tenants); the policy beside each is
     # the enum member.
-    ("apps/occurrences/bench/outage.py", "skip"),
-    ("apps/occurrences/bench/outage.py", "catchup"),
+    ("apps/bench/outage.py", "skip"),
+    ("apps/bench/outage.py", "catchup"),
     # English ordinals for "the first Monday", not a DST fold choice.
     ("apps/schedules/rule_words.py", "first"),
 }
-ENUM_BASES = {"TextChoices", "IntegerChoices", "StrEnum", "Enum"}
+ENUM_BASES = {"TextChoices", "IntegerChoices", "StrEnum", "Enum", "Choices"}
 
 
 def _production_files() -> Iterator[Path]:

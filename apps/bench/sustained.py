@@ -1,0 +1,822 @@
+"""Sustained-load benchmark of the delivery path (wrapped by `manage.py bench_sustained`).
+
+A day's volume is a rate, not a burst: R occurrences come due every minute for M minutes,
+(1 - flexible share) of them strict at the minute and the rest flexible, each spread over a
+300 s window. Strict schedules fire every minute; flexible ones every 5 minutes with their
+minute offset staggered, so the same number come due each minute and a window never runs
+into the schedule's next instant. Schedules are spread round-robin over T tenants. Setup
+writes them with COPY (`bench.fixtures`), `next_run_at` computed with Tick's own rule code.
+
+Real `manage.py materialize` and `relay` processes (several of each, sharing the shard
+leases) do the work on a private queue prefix; an independent consumer (a thread on its own
+AMQP connection) acks everything and writes each received occurrence id to a file. After a
+warm-up until the first whole minute the run is measured minute by minute:
+
+- from the stored rows: strict count and p99 lag `enqueued_at - scheduled_for`, flexible
+  count and p99 lag `enqueued_at - available_at` (each row in the minute of its reference
+  instant), rows enqueued before their reference (early), rows written after their
+  `scheduled_for` (the materializer fell behind), rows enqueued in that minute;
+- sampled: outbox depth (all rows, and those already due: the relay's backlog), the CPU
+  seconds of each process kind (materialize, relay, postgresql, rabbitmq, bench), the WAL
+  bytes PostgreSQL wrote, the growth of the occurrence table (all partitions) and of the
+  outbox, partitions created or dropped.
+
+At the end Tick's reconciliation audit runs over the measured window for each bench tenant
+(missing must be 0), and the consumer's ids are compared with the stored rows (missing,
+duplicates). Everything is removed afterwards, also on failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any, NamedTuple, TextIO
+
+from django.conf import settings
+from django.db import connection
+from django.utils import timezone
+
+from apps.bench.burst import PIPELINE_COMMANDS
+from apps.bench.consumer import OccurrenceConsumer
+from apps.bench.fixtures import (
+    ScheduleBatch,
+    bench_tenants,
+    bench_tenants_delete,
+    copy_into,
+    cron_definition,
+    next_whole_minute,
+)
+from apps.bench.floor import DELIVERY_PHASES, FloorReport, bench_floor
+from apps.bench.pg_profile import Profile, profile_read, profile_reset
+from apps.bench.processes import (
+    BenchProcesses,
+    declare_topology,
+    delete_topology,
+    proc_cpu_s,
+    services_cpu,
+)
+from apps.occurrences.audit.reconcile import reconcile
+from apps.occurrences.models import Lane
+from apps.occurrences.pipeline.partitions import PARTITIONED_TABLES, existing_partitions
+from apps.occurrences.pipeline.queues import all_queue_names
+from apps.schedules import timerules
+from apps.schedules.models import Schedule
+
+FLEXIBLE_WINDOW_S = 300
+# A flexible schedule fires every this many minutes: its window fits inside its period.
+FLEXIBLE_PERIOD_MIN = 5
+# "Held": every minute's strict p99 at most this (docs/performance.md "Sustained").
+HELD_STRICT_P99_S = 5.0
+SAMPLE_EVERY_S = 5.0
+# An outbox row due longer ago than this counts as the relay's backlog.
+OVERDUE_S = 1.0
+# After the last measured minute: how long to wait for its due rows to be enqueued.
+DRAIN_S = 30.0
+BENCH_KIND = "bench"
+OCCURRENCE_TABLE = "occurrences_occurrence"
+OUTBOX_TABLE = "occurrences_dispatchoutbox"
+
+
+# -- the plan ------------------------------------------------------------------------------
+
+
+class PlannedSchedule(NamedTuple):
+    tenant: int  # index into the bench tenants
+    expression: str
+    precision: Schedule.Precision
+    window_s: int
+
+
+@dataclass(frozen=True)
+class SpreadPlan:
+    """Schedules such that `per_minute` occurrences come due every minute, a
+    `flexible_share` of them flexible, spread round-robin over `tenants`."""
+
+    per_minute: int
+    flexible_share: float
+    tenants: int
+
+    @property
+    def strict_per_minute(self) -> int:
+        return round(self.per_minute * (1 - self.flexible_share))
+
+    @property
+    def flexible_per_minute(self) -> int:
+        return self.per_minute - self.strict_per_minute
+
+    @property
+    def schedule_count(self) -> int:
+        return self.strict_per_minute + self.flexible_per_minute * FLEXIBLE_PERIOD_MIN
+
+    def schedules(self) -> Iterator[PlannedSchedule]:
+        """Strict every-minute schedules, then the flexible ones: one block per minute offset
+        of the 5-minute period, each block `flexible_per_minute` long."""
+        for n in range(self.strict_per_minute):
+            yield PlannedSchedule(n % self.tenants, "* * * * *", Schedule.Precision.STRICT, 0)
+        for n in range(self.flexible_per_minute * FLEXIBLE_PERIOD_MIN):
+            offset = n // self.flexible_per_minute
+            yield PlannedSchedule(
+                n % self.tenants,
+                f"{offset}-59/{FLEXIBLE_PERIOD_MIN} * * * *",
+                Schedule.Precision.FLEXIBLE,
+                FLEXIBLE_WINDOW_S,
+            )
+
+
+def _load_schedules(
+    plan: SpreadPlan, tenant_ids: list[uuid.UUID], first: datetime, say: Callable[[str], object]
+) -> None:
+    """COPY the plan's schedules, each with its first instant at or after `first`."""
+    say(f"loading {plan.schedule_count:,} schedules from {first.isoformat()}…")
+    now = timezone.now()
+    after = first - timedelta(microseconds=1)
+    firsts: dict[str, datetime] = {}
+    definitions: dict[str, str] = {}
+    batch, chunk = ScheduleBatch(), 0
+    with connection.cursor() as cursor:
+        for planned in plan.schedules():
+            expression = planned.expression
+            if expression not in firsts:
+                found = timerules.next_fire_time(expression, "UTC", after)
+                assert found is not None  # every rule here fires within 5 minutes
+                firsts[expression] = found
+                definitions[expression] = cron_definition(
+                    expression, precision=planned.precision, window_s=planned.window_s
+                )
+            sid, tenant = uuid.uuid4(), tenant_ids[planned.tenant]
+            batch.add_schedule(
+                sid, tenant, expression=expression, time_zone="UTC",
+                precision=planned.precision, flexible_window_s=planned.window_s,
+                next_run_at=firsts[expression], created_at=now,
+                definition=definitions[expression],
+            )  # fmt: skip
+            batch.add_created_event(sid, tenant, now)
+            chunk += 1
+            if chunk == 50_000:
+                batch.copy(cursor)
+                batch, chunk = ScheduleBatch(), 0
+        batch.copy(cursor)
+        cursor.execute("ANALYZE schedules_schedule")
+
+
+# -- the consumer --------------------------------------------------------------------------
+
+
+class IdConsumer(OccurrenceConsumer):
+    """Appends each occurrence id it receives to `path`, one per line (the comparison with
+    the stored rows happens in the database: a day's ids do not fit in this process)."""
+
+    def __init__(self, broker_url: str, queues: list[str], path: Path) -> None:
+        super().__init__(broker_url, queues)
+        self.path = path
+        self.received_count = 0
+        self._out: TextIO | None = None
+
+    def received(self, occurrence_id: str, arrived: float) -> None:
+        assert self._out is not None
+        self._out.write(occurrence_id + "\n")
+        self.received_count += 1
+
+    def run(self) -> None:
+        with self.path.open("w", encoding="ascii") as self._out:
+            super().run()
+
+
+# -- stored rows: per-minute figures -------------------------------------------------------
+
+# The bench's rows whose reference instant (flexible: available_at, otherwise scheduled_for)
+# lies in [start, end). A flexible row may be scheduled up to its window before `start`.
+_WINDOW_ROWS = """
+    SELECT * FROM (
+        SELECT o.id, o.lane, o.enqueued_at, o.created_at, o.scheduled_for,
+               CASE WHEN o.lane = %(flexible_lane)s THEN o.available_at ELSE o.scheduled_for END
+                   AS ref
+          FROM occurrences_occurrence o
+         WHERE o.tenant_id = ANY(%(tenants)s)
+           AND o.scheduled_for >= %(lo)s AND o.scheduled_for < %(end)s
+    ) r WHERE r.ref >= %(start)s AND r.ref < %(end)s
+"""
+
+# Per (minute, lane) and per lane over the whole window (minute NULL). percentile_disc
+# ignores the NULL lags of rows not enqueued yet.
+_LANE_FIGURES_SQL = f"""
+    SELECT date_trunc('minute', ref), lane, count(*), count(enqueued_at),
+           percentile_disc(0.99) WITHIN GROUP (
+               ORDER BY extract(epoch FROM enqueued_at - ref)::float8),
+           max(extract(epoch FROM enqueued_at - ref)::float8),
+           count(*) FILTER (WHERE enqueued_at < ref),
+           count(*) FILTER (WHERE created_at > scheduled_for)
+      FROM ({_WINDOW_ROWS}) w
+  GROUP BY GROUPING SETS ((date_trunc('minute', ref), lane), (lane))
+"""
+
+_ENQUEUED_PER_MINUTE_SQL = """
+    SELECT date_trunc('minute', enqueued_at), count(*)
+      FROM occurrences_occurrence
+     WHERE tenant_id = ANY(%(tenants)s) AND scheduled_for >= %(lo)s AND scheduled_for < %(end)s
+       AND enqueued_at >= %(start)s AND enqueued_at < %(end)s
+  GROUP BY 1
+"""
+
+
+@dataclass
+class LaneFigures:
+    """One lane's rows in one minute (or the whole window)."""
+
+    count: int = 0
+    enqueued: int = 0
+    p99_s: float | None = None
+    max_s: float | None = None
+    early: int = 0
+    materialized_late: int = 0
+
+
+@dataclass
+class StoredFigures:
+    """What the stored rows say, per minute start and over the whole window."""
+
+    minutes: dict[datetime, dict[str, LaneFigures]] = field(default_factory=dict)
+    overall: dict[str, LaneFigures] = field(default_factory=dict)
+    enqueued_per_minute: dict[datetime, int] = field(default_factory=dict)
+
+
+def _window_params(tenant_ids: list[uuid.UUID], start: datetime, end: datetime) -> dict[str, Any]:
+    return {
+        "tenants": tenant_ids,
+        "flexible_lane": Lane.FLEXIBLE,
+        "lo": start - timedelta(seconds=FLEXIBLE_WINDOW_S),
+        "start": start,
+        "end": end,
+    }
+
+
+def stored_figures(tenant_ids: list[uuid.UUID], start: datetime, end: datetime) -> StoredFigures:
+    """Per-minute lag, early and late-materialized counts of the tenants' rows whose
+    reference instant lies in [start, end), plus the enqueues of each minute."""
+    figures = StoredFigures()
+    params = _window_params(tenant_ids, start, end)
+    with connection.cursor() as cursor:
+        cursor.execute(_LANE_FIGURES_SQL, params)
+        for minute, lane, count, enqueued, p99, worst, early, late in cursor.fetchall():
+            lane_figures = LaneFigures(
+                count=count, enqueued=enqueued,
+                p99_s=None if p99 is None else round(p99, 3),
+                max_s=None if worst is None else round(worst, 3),
+                early=early, materialized_late=late,
+            )  # fmt: skip
+            if minute is None:
+                figures.overall[lane] = lane_figures
+            else:
+                figures.minutes.setdefault(minute, {})[lane] = lane_figures
+        cursor.execute(_ENQUEUED_PER_MINUTE_SQL, params)
+        figures.enqueued_per_minute = dict(cursor.fetchall())
+    return figures
+
+
+def consumer_check(
+    tenant_ids: list[uuid.UUID], start: datetime, end: datetime, ids_path: Path
+) -> tuple[int, int]:
+    """(missing, duplicates): window rows enqueued but never received; extra receipts of
+    window rows. The received ids are loaded into a temporary table."""
+    params = _window_params(tenant_ids, start, end)
+    with connection.cursor() as cursor:
+        cursor.execute("CREATE TEMPORARY TABLE bench_received (id uuid NOT NULL)")
+        try:
+            with ids_path.open(encoding="ascii") as ids:
+                while text := ids.read(16 << 20):
+                    # A chunk ends mid-line: complete it from the next line.
+                    text += ids.readline()
+                    copy_into(cursor, "COPY bench_received (id) FROM STDIN", text)
+            # Without statistics the planner takes the temporary table for a few rows and
+            # joins millions of window rows against it by nested loop.
+            cursor.execute("CREATE INDEX ON bench_received (id)")
+            cursor.execute("ANALYZE bench_received")
+            cursor.execute(
+                f"SELECT count(*) FILTER (WHERE w.enqueued_at IS NOT NULL AND NOT EXISTS "
+                f"(SELECT 1 FROM bench_received b WHERE b.id = w.id)) FROM ({_WINDOW_ROWS}) w",
+                params,
+            )
+            missing = _one(cursor)
+            cursor.execute(
+                f"SELECT coalesce(sum(n - 1), 0) FROM (SELECT count(*) AS n FROM bench_received "
+                f"WHERE id IN (SELECT id FROM ({_WINDOW_ROWS}) w) GROUP BY id) d",
+                params,
+            )
+            duplicates = _one(cursor)
+        finally:
+            cursor.execute("DROP TABLE bench_received")
+    return missing, duplicates
+
+
+def _one(cursor: Any) -> int:
+    row = cursor.fetchone()
+    return int(row[0]) if row and row[0] is not None else 0
+
+
+# -- samples -------------------------------------------------------------------------------
+
+
+@dataclass
+class Reading:
+    """Cumulative counters at one instant; two readings make a minute's figures."""
+
+    cpu: dict[str, float]
+    wal_lsn: str
+    occurrence_bytes: int
+    outbox_bytes: int
+    partitions: set[str]
+
+
+def _relation_bytes(cursor: Any, table: str) -> int:
+    """A table's total size, its partitions (and theirs) included."""
+    cursor.execute(
+        "SELECT coalesce(sum(pg_total_relation_size(relid)), 0) FROM pg_partition_tree(%s)",
+        [table],
+    )
+    return _one(cursor)
+
+
+def take_reading(procs: BenchProcesses) -> Reading:
+    cpu = services_cpu()
+    for name, proc in procs.procs.items():
+        kind = procs.kinds[name]
+        cpu[kind] = cpu.get(kind, 0.0) + proc_cpu_s(proc.pid)
+    cpu[BENCH_KIND] = proc_cpu_s(os.getpid())  # the consumer thread included
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_current_wal_lsn()::text")
+        row = cursor.fetchone()
+        lsn = str(row[0]) if row else "0/0"
+        occurrence_bytes = _relation_bytes(cursor, OCCURRENCE_TABLE)
+        outbox_bytes = _relation_bytes(cursor, OUTBOX_TABLE)
+    names = {name for table in PARTITIONED_TABLES for name in existing_partitions(table).values()}
+    return Reading(cpu, lsn, occurrence_bytes, outbox_bytes, names)
+
+
+def _wal_bytes(before: str, after: str) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_wal_lsn_diff(%s::pg_lsn, %s::pg_lsn)", [after, before])
+        return _one(cursor)
+
+
+def outbox_depth() -> tuple[int, int]:
+    """(all outbox rows, those overdue): the second is the relay's backlog. Overdue means
+    due more than OVERDUE_S ago: a sample taken as a minute's strict rows fall due would
+    otherwise count a whole minute's rows the relay is publishing that instant."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*), count(*) FILTER ("
+            "WHERE available_at <= now() - make_interval(secs => %s)) "
+            "FROM occurrences_dispatchoutbox WHERE parked_at IS NULL",
+            [OVERDUE_S],
+        )
+        row = cursor.fetchone()
+    return (int(row[0]), int(row[1])) if row else (0, 0)
+
+
+@dataclass
+class MinuteSamples:
+    """What was sampled during one minute (from two readings and the outbox samples)."""
+
+    cpu_s: dict[str, float]
+    wal_bytes: int
+    occurrence_growth_bytes: int
+    outbox_growth_bytes: int
+    partitions_created: list[str]
+    partitions_dropped: list[str]
+    outbox_max: int
+    outbox_last: int
+    due_backlog_max: int
+
+
+def minute_samples(
+    before: Reading, after: Reading, depths: list[tuple[int, int]], wal_bytes: int
+) -> MinuteSamples:
+    return MinuteSamples(
+        cpu_s={k: round(v - before.cpu.get(k, 0.0), 2) for k, v in sorted(after.cpu.items())},
+        wal_bytes=wal_bytes,
+        occurrence_growth_bytes=after.occurrence_bytes - before.occurrence_bytes,
+        outbox_growth_bytes=after.outbox_bytes - before.outbox_bytes,
+        partitions_created=sorted(after.partitions - before.partitions),
+        partitions_dropped=sorted(before.partitions - after.partitions),
+        outbox_max=max((d[0] for d in depths), default=0),
+        outbox_last=depths[-1][0] if depths else 0,
+        due_backlog_max=max((d[1] for d in depths), default=0),
+    )
+
+
+# -- the report ----------------------------------------------------------------------------
+
+
+@dataclass
+class MinuteRow:
+    minute: str  # ISO start of the minute
+    strict: int
+    strict_enqueued: int
+    strict_p99_s: float | None
+    flexible: int
+    flexible_enqueued: int
+    flexible_p99_s: float | None
+    early: int
+    materialized_late: int
+    enqueued: int  # rows (both lanes) enqueued during this minute
+    outbox_max: int
+    outbox_last: int
+    due_backlog_max: int
+    cpu_s: dict[str, float]
+    wal_bytes: int
+    occurrence_growth_bytes: int
+    outbox_growth_bytes: int
+    partitions_created: list[str]
+    partitions_dropped: list[str]
+
+
+def minute_rows(
+    start: datetime, minutes: int, figures: StoredFigures, samples: list[MinuteSamples]
+) -> list[MinuteRow]:
+    rows = []
+    for n in range(minutes):
+        minute = start + timedelta(minutes=n)
+        lanes = figures.minutes.get(minute, {})
+        strict = lanes.get(Lane.STRICT, LaneFigures())
+        flexible = lanes.get(Lane.FLEXIBLE, LaneFigures())
+        sampled = asdict(samples[n])
+        rows.append(
+            MinuteRow(
+                minute=minute.isoformat(),
+                strict=strict.count,
+                strict_enqueued=strict.enqueued,
+                strict_p99_s=strict.p99_s,
+                flexible=flexible.count,
+                flexible_enqueued=flexible.enqueued,
+                flexible_p99_s=flexible.p99_s,
+                early=sum(f.early for f in lanes.values()),
+                materialized_late=sum(f.materialized_late for f in lanes.values()),
+                enqueued=figures.enqueued_per_minute.get(minute, 0),
+                **sampled,
+            )
+        )
+    return rows
+
+
+def judge(rows: list[MinuteRow], *, per_minute: int, missing: int) -> list[str]:
+    """Why the run did not hold (empty: it held). Held: every minute's strict rows all
+    enqueued with p99 at most HELD_STRICT_P99_S, nothing early, nothing missing, nothing
+    materialized after its instant (the materializer kept up), and the relay's due backlog
+    in the last minute no larger than in the first (or than one second's occurrences)."""
+    reasons = []
+    for row in rows:
+        if row.strict_enqueued < row.strict:
+            reasons.append(f"{row.minute}: {row.strict - row.strict_enqueued} strict not enqueued")
+        if row.strict_p99_s is not None and row.strict_p99_s > HELD_STRICT_P99_S:
+            reasons.append(f"{row.minute}: strict p99 {row.strict_p99_s} s > {HELD_STRICT_P99_S}")
+        if row.materialized_late:
+            reasons.append(f"{row.minute}: {row.materialized_late} materialized after due")
+    early = sum(row.early for row in rows)
+    if early:
+        reasons.append(f"{early} enqueued early")
+    if missing:
+        reasons.append(f"{missing} missing (reconcile)")
+    if rows:
+        allowed = max(rows[0].due_backlog_max, per_minute // 60)
+        if rows[-1].due_backlog_max > allowed:
+            reasons.append(
+                f"outbox backlog grew: {rows[-1].due_backlog_max} due rows in the last minute "
+                f"> {allowed}"
+            )
+    return reasons
+
+
+@dataclass
+class SustainedReport:
+    per_minute: int
+    minutes: int
+    warmup_minutes: int
+    flexible_share: float
+    tenants: int
+    materializers: int
+    relays: int
+    schedules: int
+    start: str
+    strict: int
+    strict_p99_s: float | None
+    worst_minute_strict_p99_s: float | None
+    flexible: int
+    flexible_p99_s: float | None
+    early: int
+    not_enqueued: int
+    missing: int
+    reconcile_counts: dict[str, int]
+    consumer_missing: int
+    duplicates: int
+    consumer_received: int
+    cpu_s: dict[str, float]
+    wal_bytes: int
+    pg_work: PgWork
+    profile: Profile
+    floor: FloorReport | None
+    partitions_created: list[str]
+    partitions_dropped: list[str]
+    held: bool
+    not_held_because: list[str]
+    per_minute_rows: list[MinuteRow] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        out = [
+            f"sustained: {self.per_minute:,}/min for {self.minutes} min from {self.start} "
+            f"({self.flexible_share:.0%} flexible, window {FLEXIBLE_WINDOW_S} s; "
+            f"{self.warmup_minutes} whole min of warm-up), "
+            f"{self.schedules:,} schedules of {self.tenants} tenants; "
+            f"{self.materializers} materializer(s), {self.relays} relay(s)",
+            "  minute  strict  p99 s  flex  p99 s  early  late  enq/min  outbox(max/overdue)  "
+            "WAL MiB  occ+ MiB  cpu s",
+        ]
+        for row in self.per_minute_rows:
+            cpu = " ".join(f"{k}={v}" for k, v in row.cpu_s.items())
+            out.append(
+                f"  {row.minute[11:16]}  {row.strict:>6}  {_s(row.strict_p99_s):>5}  "
+                f"{row.flexible:>5}  {_s(row.flexible_p99_s):>5}  {row.early:>5}  "
+                f"{row.materialized_late:>4}  {row.enqueued:>7}  "
+                f"{row.outbox_max:>7}/{row.due_backlog_max:<7}  {row.wal_bytes / 2**20:>7.1f}  "
+                f"{row.occurrence_growth_bytes / 2**20:>8.1f}  {cpu}"
+            )
+        out += [
+            f"  strict p99 {_s(self.strict_p99_s)} s (worst minute "
+            f"{_s(self.worst_minute_strict_p99_s)} s), flexible p99 {_s(self.flexible_p99_s)} s",
+            f"  early {self.early}, not enqueued {self.not_enqueued}, missing {self.missing} "
+            f"(reconcile {self.reconcile_counts}), consumer missing {self.consumer_missing}, "
+            f"duplicates {self.duplicates}",
+            f"  cpu s: {self.cpu_s}; WAL {self.wal_bytes / 2**20:.1f} MiB; partitions "
+            f"+{self.partitions_created} -{self.partitions_dropped}",
+            f"  held: {self.held}" + (f" ({'; '.join(self.not_held_because)})" if not self.held
+                                      else ""),
+        ]  # fmt: skip
+        out += self.pg_work.lines()
+        out += self.profile.lines()
+        if self.floor is not None:
+            out += self.floor.lines()
+        return out
+
+
+@dataclass
+class PgWork:
+    """PostgreSQL's work per occurrence enqueued in the measured minutes, and its ratio to the
+    lean-SQL floor's delivery path (materialize + relay) on the same server."""
+
+    enqueued: int
+    cpu_us: float | None
+    wal_bytes: float | None
+    wal_fpi: float | None  # full-page images per occurrence (each up to a whole 8 KB page)
+    floor_cpu_us: float | None
+    floor_wal_bytes: float | None
+    cpu_ratio: float | None
+    wal_ratio: float | None
+
+    @classmethod
+    def of(
+        cls, *, cpu_s: float, wal_bytes: int, wal_fpi: int, enqueued: int,
+        floor: FloorReport | None,
+    ) -> PgWork:  # fmt: skip
+        cpu_us = round(cpu_s * 1e6 / enqueued, 1) if enqueued else None
+        wal = round(wal_bytes / enqueued) if enqueued else None
+        floor_cpu, floor_wal = floor.per_occurrence(DELIVERY_PHASES) if floor else (None, None)
+        return cls(
+            enqueued=enqueued, cpu_us=cpu_us, wal_bytes=wal,
+            wal_fpi=round(wal_fpi / enqueued, 2) if enqueued else None,
+            floor_cpu_us=floor_cpu, floor_wal_bytes=floor_wal,
+            cpu_ratio=round(cpu_us / floor_cpu, 2) if cpu_us and floor_cpu else None,
+            wal_ratio=round(wal / floor_wal, 2) if wal and floor_wal else None,
+        )  # fmt: skip
+
+    def lines(self) -> list[str]:
+        if self.cpu_us is None or self.wal_bytes is None:
+            return ["  PostgreSQL per occurrence: nothing enqueued"]
+        line = (
+            f"  PostgreSQL per occurrence enqueued ({self.enqueued:,}): {self.cpu_us:.0f} µs CPU, "
+            f"{self.wal_bytes / 1024:.2f} KB WAL"
+        )
+        if self.wal_fpi is not None:
+            line += f" ({self.wal_fpi:.2f} full-page images)"
+        if self.cpu_ratio is not None and self.wal_ratio is not None:
+            line += (
+                f"; {self.cpu_ratio:.1f}x CPU and {self.wal_ratio:.1f}x WAL of the lean-SQL "
+                f"floor ({self.floor_cpu_us:.0f} µs, {(self.floor_wal_bytes or 0) / 1024:.2f} KB)"
+            )
+        return [line]
+
+
+def _s(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def report_json(report: SustainedReport) -> str:
+    return json.dumps(asdict(report), sort_keys=True)
+
+
+# -- the benchmark -------------------------------------------------------------------------
+
+
+def _reconcile_tenants(
+    tenant_ids: list[uuid.UUID], start: datetime, end: datetime
+) -> dict[str, int]:
+    """Tick's reconciliation audit over [start, end), tenant by tenant, counts summed."""
+    counts: dict[str, int] = {}
+    for tenant_id in tenant_ids:
+        for kind, count in reconcile(start=start, end=end, tenant_id=tenant_id).counts.items():
+            counts[kind] = counts.get(kind, 0) + count
+    return dict(sorted(counts.items()))
+
+
+def _check_running(procs: BenchProcesses) -> None:
+    if exited := procs.exited():
+        raise RuntimeError(f"bench processes exited: {exited} (logs in {procs.logs})")
+
+
+def _measure(
+    procs: BenchProcesses, start: datetime, minutes: int, say: Callable[[str], object]
+) -> tuple[list[MinuteSamples], Profile]:
+    """Readings at each minute boundary and outbox depth every SAMPLE_EVERY_S between; the
+    PostgreSQL profile (pg_profile) of the measured minutes."""
+    while timezone.now() < start:  # the warm-up
+        _check_running(procs)
+        time.sleep(min(1.0, max(0.0, (start - timezone.now()).total_seconds())))
+    profile_reset()
+    before = take_reading(procs)
+    samples = []
+    for n in range(1, minutes + 1):
+        boundary = start + timedelta(minutes=n)
+        depths = []
+        while timezone.now() < boundary:
+            depths.append(outbox_depth())
+            _check_running(procs)
+            time.sleep(min(SAMPLE_EVERY_S, max(0.0, (boundary - timezone.now()).total_seconds())))
+        after = take_reading(procs)
+        samples.append(
+            minute_samples(before, after, depths, _wal_bytes(before.wal_lsn, after.wal_lsn))
+        )
+        say(f"minute {n}/{minutes} done; outbox {depths[-1] if depths else '-'}")
+        before = after
+    return samples, profile_read()
+
+
+def _drain(tenant_ids: list[uuid.UUID], start: datetime, end: datetime) -> None:
+    """Until every row due in the window is enqueued, or DRAIN_S. Only the last minutes are
+    polled (a flexible window and one minute): earlier rows show as not enqueued anyway, and
+    a day's window is too large to scan every second."""
+    deadline = time.monotonic() + DRAIN_S
+    recent = max(start, end - timedelta(seconds=FLEXIBLE_WINDOW_S + 60))
+    params = _window_params(tenant_ids, recent, end)
+    while time.monotonic() < deadline:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT count(*) FROM ({_WINDOW_ROWS}) w WHERE w.enqueued_at IS NULL", params
+            )
+            if _one(cursor) == 0:
+                break
+        time.sleep(1.0)
+    time.sleep(2.0)  # let the consumer take the last messages (and late duplicates, if any)
+
+
+def bench_sustained(
+    *,
+    per_minute: int,
+    minutes: int,
+    flexible_share: float = 0.5,
+    tenants: int = 100,
+    materializers: int = 2,
+    relays: int = 2,
+    lead_s: float = 90.0,
+    warmup_minutes: int = 0,
+    floor: bool = True,
+    log: Callable[[str], object] | None = None,
+) -> SustainedReport:
+    say = log or (lambda message: None)
+    # Before anything else runs: the floor's figures are this server's, unloaded.
+    floor_report = bench_floor(log=say) if floor else None
+    plan = SpreadPlan(per_minute, flexible_share, tenants)
+    prefix = f"tick-bench-{uuid.uuid4().hex[:8]}"
+    broker_url = settings.CELERY_BROKER_URL
+    tenant_ids = bench_tenants(prefix, tenants)
+    logs = Path(tempfile.mkdtemp(prefix="tick-bench-"))
+    procs = BenchProcesses(prefix, logs)
+    queues = all_queue_names(prefix, settings.TICK_TENANT_PARTITIONS)
+    consumer = IdConsumer(broker_url, queues, logs / "received.txt")
+    try:
+        first = next_whole_minute(timezone.now(), lead_s)
+        # Flexible rows reach a steady rate per minute of available_at only one window
+        # after the first instant: `warmup_minutes` 5 measures from there.
+        start = first + timedelta(minutes=warmup_minutes)
+        _load_schedules(plan, tenant_ids, first, say)
+        if timezone.now() > first - timedelta(seconds=15):
+            raise RuntimeError("loading ended too close to the first instant: raise the lead")
+        declare_topology(broker_url, prefix)
+        consumer.start()
+        consumer.ready.wait(10)
+        for command, count in zip(PIPELINE_COMMANDS, (materializers, relays), strict=True):
+            procs.start_command(command, count)
+        say(
+            f"{materializers} materializer(s), {relays} relay(s) started (logs in {logs}); "
+            f"measuring {minutes} min from {start.isoformat()}"
+        )
+        end = start + timedelta(minutes=minutes)
+        samples, profile = _measure(procs, start, minutes, say)
+        _drain(tenant_ids, start, end)
+        procs.stop()
+        consumer.stop()
+        say("reconciling…")
+        counts = _reconcile_tenants(tenant_ids, start, end)
+        consumer_missing, duplicates = consumer_check(tenant_ids, start, end, consumer.path)
+        figures = stored_figures(tenant_ids, start, end)
+        return _report(
+            plan, figures, samples, start=start, minutes=minutes, warmup_minutes=warmup_minutes,
+            materializers=materializers,
+            relays=relays, counts=counts, consumer_missing=consumer_missing,
+            duplicates=duplicates, received=consumer.received_count, profile=profile,
+            floor=floor_report,
+        )  # fmt: skip
+    finally:
+        procs.stop()
+        consumer.stop()
+        say("cleaning up…")
+        bench_tenants_delete(tenant_ids)
+        delete_topology(broker_url, prefix)
+        (logs / "received.txt").unlink(missing_ok=True)
+
+
+def _report(
+    plan: SpreadPlan,
+    figures: StoredFigures,
+    samples: list[MinuteSamples],
+    *,
+    start: datetime,
+    minutes: int,
+    warmup_minutes: int,
+    materializers: int,
+    relays: int,
+    counts: dict[str, int],
+    consumer_missing: int,
+    duplicates: int,
+    received: int,
+    profile: Profile,
+    floor: FloorReport | None,
+) -> SustainedReport:
+    rows = minute_rows(start, minutes, figures, samples)
+    strict = figures.overall.get(Lane.STRICT, LaneFigures())
+    flexible = figures.overall.get(Lane.FLEXIBLE, LaneFigures())
+    every = list(figures.overall.values())
+    missing = counts.get("missing", 0)
+    reasons = judge(rows, per_minute=plan.per_minute, missing=missing)
+    for kind in ("unexpected", "stranded"):
+        if counts.get(kind):
+            reasons.append(f"{counts[kind]} {kind} (reconcile)")
+    if consumer_missing:
+        reasons.append(f"{consumer_missing} enqueued but never received")
+    cpu: dict[str, float] = {}
+    for sample in samples:
+        for kind, seconds in sample.cpu_s.items():
+            cpu[kind] = round(cpu.get(kind, 0.0) + seconds, 2)
+    p99s = [row.strict_p99_s for row in rows if row.strict_p99_s is not None]
+    wal_bytes = sum(s.wal_bytes for s in samples)
+    work = PgWork.of(
+        cpu_s=cpu.get("postgresql", 0.0), wal_bytes=wal_bytes, wal_fpi=profile.wal.fpi,
+        enqueued=sum(row.enqueued for row in rows), floor=floor,
+    )  # fmt: skip
+    return SustainedReport(
+        per_minute=plan.per_minute,
+        minutes=minutes,
+        warmup_minutes=warmup_minutes,
+        flexible_share=plan.flexible_share,
+        tenants=plan.tenants,
+        materializers=materializers,
+        relays=relays,
+        schedules=plan.schedule_count,
+        start=start.isoformat(),
+        strict=strict.count,
+        strict_p99_s=strict.p99_s,
+        worst_minute_strict_p99_s=max(p99s) if p99s else None,
+        flexible=flexible.count,
+        flexible_p99_s=flexible.p99_s,
+        early=sum(f.early for f in every),
+        not_enqueued=sum(f.count - f.enqueued for f in every),
+        missing=missing,
+        reconcile_counts=counts,
+        consumer_missing=consumer_missing,
+        duplicates=duplicates,
+        consumer_received=received,
+        cpu_s=cpu,
+        wal_bytes=wal_bytes,
+        pg_work=work,
+        profile=profile,
+        floor=floor,
+        partitions_created=sorted({n for s in samples for n in s.partitions_created}),
+        partitions_dropped=sorted({n for s in samples for n in s.partitions_dropped}),
+        held=not reasons,
+        not_held_because=reasons,
+        per_minute_rows=rows,
+    )

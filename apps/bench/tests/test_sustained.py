@@ -1,0 +1,247 @@
+"""The sustained benchmark's plan, its figures from stored rows and its verdict, without
+running the benchmark."""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from django.utils import timezone
+
+from apps.bench.pg_profile import Profile
+from apps.bench.sustained import (
+    FLEXIBLE_WINDOW_S,
+    LaneFigures,
+    MinuteRow,
+    MinuteSamples,
+    Reading,
+    SpreadPlan,
+    StoredFigures,
+    _report,
+    consumer_check,
+    judge,
+    minute_rows,
+    minute_samples,
+    report_json,
+    stored_figures,
+)
+from apps.occurrences.models import Lane, Occurrence
+from apps.occurrences.pipeline.partitions import partitions_ensure
+from apps.occurrences.tests.support.rows import schedule
+from apps.schedules import timerules
+from apps.schedules.models import Schedule
+from apps.tenants.services import tenant_create
+
+START = datetime(2026, 1, 5, 10, 0, tzinfo=UTC)
+
+
+def _due_per_minute(plan: SpreadPlan, minutes: int) -> dict[datetime, Counter[str]]:
+    """How many of the plan's schedules fire in each minute from START, by precision,
+    using Tick's rule code."""
+    by_rule = Counter((p.expression, p.precision) for p in plan.schedules())
+    due: dict[datetime, Counter[str]] = {}
+    for (expression, precision), count in by_rule.items():
+        for instant in timerules.fire_times_between(
+            expression, "UTC", START - timedelta(microseconds=1),
+            START + timedelta(minutes=minutes) - timedelta(microseconds=1),
+        ):  # fmt: skip
+            due.setdefault(instant, Counter())[precision] += count
+    return due
+
+
+@pytest.mark.parametrize(("per_minute", "share"), [(3000, 0.5), (1000, 0.3), (139_000, 0.5)])
+def test_the_plan_brings_the_rate_due_every_minute_with_the_split(per_minute, share):
+    plan = SpreadPlan(per_minute, share, tenants=10)
+    due = _due_per_minute(plan, 15)
+    assert sorted(due) == [START + timedelta(minutes=n) for n in range(15)]
+    for counts in due.values():
+        assert counts[Schedule.Precision.STRICT] + counts[Schedule.Precision.FLEXIBLE] == per_minute
+        assert counts[Schedule.Precision.FLEXIBLE] == pytest.approx(per_minute * share, abs=1)
+    windows = {p.window_s for p in plan.schedules() if p.precision == Schedule.Precision.FLEXIBLE}
+    assert windows == {FLEXIBLE_WINDOW_S}
+
+
+def test_the_plan_spreads_every_minute_offset_over_the_tenants():
+    plan = SpreadPlan(3000, 0.5, tenants=10)
+    per_tenant_rule = Counter((p.tenant, p.expression) for p in plan.schedules())
+    for expression in {p.expression for p in plan.schedules()}:
+        shares = [per_tenant_rule[(t, expression)] for t in range(10)]
+        assert max(shares) - min(shares) <= 1, expression
+    assert plan.schedule_count == sum(1 for _ in plan.schedules()) == 1500 + 1500 * 5
+
+
+def _rows(
+    sched: Schedule, lane: str, refs_and_lags: Sequence[tuple[datetime, float | None]]
+) -> None:
+    """Occurrence rows of `sched` whose reference instant and lag are given (flexible rows
+    are scheduled 200 s before their available_at). Each row's instant is a few microseconds
+    later than the one before: one schedule has one row per instant."""
+    partitions_ensure([START.date()])
+    rows = []
+    for n, (at, lag) in enumerate(refs_and_lags):
+        ref = at + timedelta(microseconds=n + 1)
+        scheduled_for = ref - timedelta(seconds=200) if lane == Lane.FLEXIBLE else ref
+        rows.append(
+            Occurrence(
+                id=uuid.uuid4(), scheduled_for=scheduled_for, schedule=sched,
+                schedule_version=1, tenant_id=sched.tenant_id, lane=lane,
+                state=Occurrence.State.ENQUEUED if lag is not None else Occurrence.State.SCHEDULED,
+                available_at=ref, created_at=scheduled_for - timedelta(seconds=30),
+                enqueued_at=None if lag is None else ref + timedelta(seconds=lag),
+            )
+        )  # fmt: skip
+    Occurrence.objects.bulk_create(rows)
+
+
+@pytest.mark.django_db
+def test_stored_figures_per_minute_from_the_rows():
+    tenant = tenant_create(slug="bench-figures")
+    other = tenant_create(slug="bench-other")
+    sched = schedule(tenant)
+    minute_2 = START + timedelta(minutes=1)
+    # Minute 1: 100 strict rows lagging 0.01 … 1.00 s (p99 0.99) and one enqueued 0.5 s early.
+    _rows(sched, Lane.STRICT, [(START, n / 100) for n in range(1, 101)] + [(START, -0.5)])
+    # Minute 2: strict lags 3 and 7 s, one not enqueued; flexible against available_at.
+    _rows(sched, Lane.STRICT, [(minute_2, 3.0), (minute_2, 7.0), (minute_2, None)])
+    _rows(sched, Lane.FLEXIBLE, [(minute_2 + timedelta(seconds=10), 0.2)] * 3)
+    # A flexible row scheduled before START but available in minute 1 counts there.
+    _rows(sched, Lane.FLEXIBLE, [(START + timedelta(seconds=5), 0.4)])
+    # Outside the window, or another tenant's: not counted.
+    _rows(sched, Lane.STRICT, [(START + timedelta(minutes=2), 99.0)])
+    _rows(schedule(other), Lane.STRICT, [(START, 50.0)])
+
+    figures = stored_figures([tenant.id], START, START + timedelta(minutes=2))
+
+    first = figures.minutes[START]
+    assert first[Lane.STRICT] == LaneFigures(
+        count=101, enqueued=101, p99_s=0.99, max_s=1.0, early=1, materialized_late=0
+    )
+    assert first[Lane.FLEXIBLE].count == 1 and first[Lane.FLEXIBLE].p99_s == 0.4
+    second = figures.minutes[minute_2]
+    assert (second[Lane.STRICT].count, second[Lane.STRICT].enqueued) == (3, 2)
+    assert second[Lane.STRICT].p99_s == 7.0
+    assert second[Lane.FLEXIBLE].p99_s == 0.2 and second[Lane.FLEXIBLE].early == 0
+    assert figures.overall[Lane.STRICT].count == 104
+    assert figures.overall[Lane.STRICT].max_s == 7.0
+    assert figures.overall[Lane.STRICT].early == 1
+    # 100 strict rows and the flexible one; the early row was enqueued in the minute before.
+    assert figures.enqueued_per_minute[START] == 101
+    assert figures.enqueued_per_minute[minute_2] == 2 + 3
+
+
+@pytest.mark.django_db
+def test_a_row_written_after_its_instant_counts_as_materialized_late():
+    tenant = tenant_create(slug="bench-late")
+    _rows(schedule(tenant), Lane.STRICT, [(START, 0.1), (START, 0.2)])
+    Occurrence.objects.filter(tenant_id=tenant.id).update(created_at=START + timedelta(seconds=1))
+    figures = stored_figures([tenant.id], START, START + timedelta(minutes=1))
+    assert figures.minutes[START][Lane.STRICT].materialized_late == 2
+
+
+@pytest.mark.django_db
+def test_consumer_check_finds_the_missing_and_the_duplicates(tmp_path: Path):
+    tenant = tenant_create(slug="bench-consumer")
+    _rows(schedule(tenant), Lane.STRICT, [(START, 0.1)] * 4 + [(START, None)])
+    ids = [
+        str(i) for i in Occurrence.objects.filter(
+            tenant_id=tenant.id, enqueued_at__isnull=False).values_list("id", flat=True)
+    ]  # fmt: skip
+    received = tmp_path / "received.txt"
+    # The first enqueued row never arrived, the second arrived three times; an unknown id
+    # (outside the window) is neither.
+    lines = [ids[1], ids[1], ids[1], ids[2], ids[3], str(uuid.uuid4())]
+    received.write_text("\n".join(lines) + "\n")
+    end = START + timedelta(minutes=1)
+    assert consumer_check([tenant.id], START, end, received) == (1, 2)
+
+
+def _reading(cpu: float, partitions: set[str]) -> Reading:
+    return Reading({"relay": cpu, "postgresql": 2 * cpu}, "0/0", int(cpu * 100), 0, partitions)
+
+
+def test_minute_samples_diff_two_readings():
+    before = _reading(1.0, {"occurrences_occurrence_p20260104", "occurrences_occurrence_p20260105"})
+    after = _reading(3.5, {"occurrences_occurrence_p20260105", "occurrences_occurrence_p20260106"})
+    sample = minute_samples(before, after, [(10, 0), (40, 7), (25, 2)], wal_bytes=4096)
+    assert sample.cpu_s == {"postgresql": 5.0, "relay": 2.5}
+    assert sample.partitions_created == ["occurrences_occurrence_p20260106"]
+    assert sample.partitions_dropped == ["occurrences_occurrence_p20260104"]
+    assert (sample.outbox_max, sample.outbox_last, sample.due_backlog_max) == (40, 25, 7)
+    assert sample.occurrence_growth_bytes == 250 and sample.wal_bytes == 4096
+
+
+def _samples(due_backlog_max: int) -> MinuteSamples:
+    return MinuteSamples({}, 0, 0, 0, [], [], 0, 0, due_backlog_max)
+
+
+def _minute_rows(p99s: list[float], backlogs: list[int], **strict: LaneFigures) -> list[MinuteRow]:
+    figures = StoredFigures()
+    for n, p99 in enumerate(p99s):
+        lanes: dict[str, LaneFigures] = {
+            Lane.STRICT: LaneFigures(count=100, enqueued=100, p99_s=p99)
+        }
+        figures.minutes[START + timedelta(minutes=n)] = lanes
+    return minute_rows(START, len(p99s), figures, [_samples(b) for b in backlogs])
+
+
+def test_a_steady_run_held():
+    assert judge(_minute_rows([0.5, 4.9, 1.0], [200, 10, 200]), per_minute=6000, missing=0) == []
+
+
+def test_one_slow_minute_breaks_the_hold():
+    reasons = judge(_minute_rows([0.5, 5.2, 1.0], [0, 0, 0]), per_minute=6000, missing=0)
+    assert len(reasons) == 1 and "strict p99 5.2" in reasons[0]
+
+
+def test_a_growing_backlog_early_and_missing_rows_break_the_hold():
+    rows = _minute_rows([0.5, 0.5, 0.5], [50, 400, 900])
+    rows[1].early = 2
+    reasons = judge(rows, per_minute=6000, missing=3)
+    assert any("backlog grew" in r for r in reasons)
+    assert "2 enqueued early" in reasons and "3 missing (reconcile)" in reasons
+
+
+def test_unenqueued_strict_rows_and_late_materialization_break_the_hold():
+    rows = _minute_rows([0.5, 0.5], [0, 0])
+    rows[0].strict_enqueued = 98
+    rows[1].materialized_late = 5
+    reasons = judge(rows, per_minute=6000, missing=0)
+    assert len(reasons) == 2
+    assert "2 strict not enqueued" in reasons[0] and "5 materialized after due" in reasons[1]
+
+
+def test_minute_rows_fill_empty_minutes_with_zeros():
+    rows = minute_rows(START, 2, StoredFigures(), [_samples(0), _samples(0)])
+    assert [(r.strict, r.strict_p99_s, r.flexible) for r in rows] == [(0, None, 0)] * 2
+    assert rows[1].minute == (START + timedelta(minutes=1)).isoformat()
+    assert timezone.is_aware(datetime.fromisoformat(rows[0].minute))
+
+
+def test_the_summary_takes_the_worst_minute_sums_cpu_and_counts_audit_findings():
+    figures = StoredFigures()
+    for n, p99 in enumerate([0.4, 2.5]):
+        figures.minutes[START + timedelta(minutes=n)] = {
+            Lane.STRICT: LaneFigures(count=10, enqueued=10, p99_s=p99)
+        }
+    figures.overall[Lane.STRICT] = LaneFigures(count=20, enqueued=20, p99_s=2.4, early=0)
+    figures.overall[Lane.FLEXIBLE] = LaneFigures(count=6, enqueued=5, p99_s=0.3)
+    samples = [
+        MinuteSamples({"relay": 1.5}, 100, 0, 0, [], [], 0, 0, 0),
+        MinuteSamples({"relay": 2.0}, 50, 0, 0, ["occurrences_occurrence_p20260106"], [], 0, 0, 0),
+    ]
+    report = _report(
+        SpreadPlan(20, 0.5, 2), figures, samples, start=START, minutes=2, warmup_minutes=0,
+        materializers=1, relays=1, counts={"missing": 0, "pending": 26, "unexpected": 2},
+        consumer_missing=1, duplicates=0, received=25, profile=Profile(False), floor=None,
+    )  # fmt: skip
+    assert report.worst_minute_strict_p99_s == 2.5 and report.strict_p99_s == 2.4
+    assert report.not_enqueued == 1 and report.cpu_s == {"relay": 3.5}
+    assert report.wal_bytes == 150
+    assert report.partitions_created == ["occurrences_occurrence_p20260106"]
+    assert not report.held
+    assert report.not_held_because == ["2 unexpected (reconcile)", "1 enqueued but never received"]
+    assert report_json(report).startswith("{") and "  held: False" in "\n".join(report.lines())
