@@ -2,12 +2,14 @@
 
 from django.urls import path
 
-from apps.occurrences import alerts_views, views
+from apps.occurrences import alerts_views, bulk_views, views
 
 urlpatterns = [
     path("", views.dashboard, name="dashboard"),
     path("occurrences/", views.occurrence_list, name="occurrence-list"),
     path("occurrences/<str:occurrence_id>/", views.occurrence_detail, name="occurrence-detail"),
+    path("bulk/", bulk_views.bulk_confirm, name="bulk-confirm"),
+    path("bulk/<uuid:bulk_id>/", bulk_views.bulk_detail, name="bulk-detail"),
     path("dlq/", views.dlq, name="dlq"),
     path("dlq/replay/", views.dlq_replay, name="dlq-replay"),
     path("alerts/", alerts_views.alerts, name="alerts"),

@@ -83,6 +83,9 @@ from apps.tenants.pagination import (
 from apps.tenants.web import actor_of, admin_only, tenant_page, tick_of
 
 PAGE_SIZE = 25
+# The list's select-many action (apps/occurrences/bulk_views.py; the API's verbs).
+BULK_VERBS = [("pause", "Pause"), ("resume", "Resume"), ("cancel", "Cancel"),
+              ("run_now", "Run now")]  # fmt: skip
 # The schedule page's recent occurrences after "Show more" (10 before); the rest are on the
 # occurrence list, filtered to the schedule.
 RECENT_OCCURRENCES = 100
@@ -142,7 +145,7 @@ def schedule_list(request: HttpRequest) -> HttpResponse:
         "schedules": schedules,
         "rows": [(s, h, next_runs[s.id], schedule_in_words(s)) for s, h in rows],
         **pager, "state": state, "kind": kind, "q": q, "handler": handler,
-        "label_filters": label_filters,
+        "label_filters": label_filters, "bulk_verbs": BULK_VERBS,
         "health": want.value if want else "", "scanned": scanned, "now": now,
         # Created within the health window without a run yet: "new", not "no run in 7 days".
         "health_since": now - HEALTH_WINDOW,
