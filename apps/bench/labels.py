@@ -13,10 +13,10 @@ from typing import Any
 from django.conf import settings
 from django.db import connection, transaction
 
+from apps.core.pagination import keyset_page
 from apps.schedules.models import Schedule
 from apps.schedules.selectors import schedules_filtered
 from apps.tenants.models import Tenant
-from apps.tenants.pagination import keyset_page
 
 PAGE = 50
 

@@ -1,19 +1,16 @@
 from typing import Any
 
 from django import forms
-from django.contrib import admin, messages
-from django.db.models import QuerySet
+from django.contrib import admin
 from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
-from apps.occurrences.schedule_changes import schedule_cancel, schedule_pause, schedule_resume
-from apps.schedules.errors import LifecycleError
+from apps.core.admin_base import TickModelAdmin, staff_actor
 from apps.schedules.labels import DEFAULT_LABEL_LIMIT, label_errors
 from apps.schedules.models import Schedule, ScheduleEvent, ScheduleVersion
 from apps.schedules.services import schedule_rename
-from apps.tenants.admin_base import TickModelAdmin, staff_actor
 from apps.tenants.readable import detail_text, instant_text
 
 
@@ -64,7 +61,7 @@ class ScheduleAdmin(TickModelAdmin[Schedule]):
     ]
     readonly_fields.append("next_run")
     inlines = [ScheduleVersionInline, ScheduleEventInline]
-    actions = ["pause", "resume", "cancel"]
+    # Pause, resume and cancel recall occurrences: apps/occurrences/admin.py adds them.
 
     def has_add_permission(self, request: object) -> bool:
         return False
@@ -130,42 +127,3 @@ class ScheduleAdmin(TickModelAdmin[Schedule]):
     def occurrences_link(self, obj: Schedule) -> str:
         url = reverse("admin-occurrences") + f"?schedule={obj.id}&hours=168"
         return format_html('<a href="{}">browse</a>', url)
-
-    def _apply(self, request: HttpRequest, queryset: QuerySet[Schedule], action: str) -> None:
-        # Through the lifecycle services: each change is in the schedule's event log with
-        # the staff user as actor (docs/security.md "Event log").
-        service = {"pause": schedule_pause, "resume": schedule_resume,
-                   "cancel": schedule_cancel}[action]  # fmt: skip
-        past = {"pause": "Paused", "resume": "Resumed", "cancel": "Canceled"}[action]
-        actor = staff_actor(request)
-        done, refused = 0, []
-        for schedule in queryset[:500]:
-            try:
-                service(schedule=schedule, actor=actor)
-                done += 1
-            except LifecycleError as err:
-                refused.append(f"{schedule.name}: {err.message}")
-        self.message_user(request, f"{past} {done} schedule(s).", messages.SUCCESS)
-        for line in refused:
-            self.message_user(request, line, messages.WARNING)
-
-    @admin.action(
-        description="Pause selected schedules (through the lifecycle service)",
-        permissions=["change"],
-    )
-    def pause(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
-        self._apply(request, queryset, "pause")
-
-    @admin.action(
-        description="Resume selected schedules (through the lifecycle service)",
-        permissions=["change"],
-    )
-    def resume(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
-        self._apply(request, queryset, "resume")
-
-    @admin.action(
-        description="Cancel selected schedules for good (kept for audit, never fire again)",
-        permissions=["change"],
-    )
-    def cancel(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
-        self._apply(request, queryset, "cancel")
