@@ -349,7 +349,9 @@ def schedule_update(*, schedule: Schedule, spec: ScheduleSpec, actor: str) -> Li
         _refuse_stale_or_canceled(read=schedule, locked=locked)
         changed = changed_definition_fields(schedule=locked, spec=spec)
         if not changed:
-            schedule_rename(schedule=locked, name=spec.name, actor=actor, now=now)
+            schedule_rename(
+                schedule=locked, name=spec.name, labels=spec.labels, actor=actor, now=now
+            )
             return LifecycleResult(locked, Receipt(ScheduleEvent.Kind.UPDATED, now, locked.version))
 
         check_tenant_limits(schedule=locked, spec=spec, changed=changed)

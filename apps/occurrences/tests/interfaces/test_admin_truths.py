@@ -1,7 +1,7 @@
 """The admin says only what is so (docs/ui.md "Django admin"): the occurrence browser is not
 "read-only" for staff who can replay and counts a small range exactly; a schedule's inlines
-offer no "Add another" and its page no "Save"; a paused schedule has no next run; a tenant
-offers no Delete that always fails."""
+offer no "Add another" and its page one "Save", for the labels only; a paused schedule has no
+next run; a tenant offers no Delete that always fails."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def test_the_occurrence_browser_counts_a_small_range_and_says_it_can_replay(clie
     assert "Replay selected DEAD occurrences" in page
 
 
-def test_a_paused_schedules_admin_page_shows_no_next_run_nor_add_or_save(client, root, tenant_a):
+def test_a_paused_schedules_admin_page_shows_no_next_run_nor_add(client, root, tenant_a):
     sched = schedule(tenant_a, name="hourly")
     schedule_pause(schedule=sched, actor="user:alice")
     next_at = sched.next_run_at
@@ -58,7 +58,26 @@ def test_a_paused_schedules_admin_page_shows_no_next_run_nor_add_or_save(client,
         ("versions", "0"),
         ("events", "0"),
     ]
-    assert 'name="_save"' not in page
+    assert 'name="_continue"' not in page and 'name="_addanother"' not in page
+
+
+def test_the_admin_edits_labels_through_the_service_with_the_apis_rules(client, root, tenant_a):
+    from apps.schedules.models import ScheduleEvent
+
+    sched = schedule(tenant_a, name="hourly")
+    url = f"/admin/schedules/schedule/{sched.id}/change/"
+
+    inlines = {f"{name}-{part}": "0" for name in ("versions", "events")
+               for part in ("TOTAL_FORMS", "INITIAL_FORMS")}  # fmt: skip
+    refused = client.post(url, {**inlines, "labels": '{"Bad Key": "1"}'})
+    saved = client.post(url, {**inlines, "labels": '{"customer": "42"}'})
+
+    assert refused.status_code == 200 and "lower-case" in refused.content.decode()
+    assert saved.status_code == 302
+    sched.refresh_from_db()
+    assert sched.labels == {"customer": "42"} and sched.version == 1
+    event = ScheduleEvent.objects.filter(schedule=sched).order_by("-id")[0]
+    assert event.actor == "support:root" and event.detail["labels"] == [{}, {"customer": "42"}]
 
 
 def test_a_tenant_offers_no_delete(client, root, tenant_a):
