@@ -43,12 +43,12 @@ urlpatterns = [
         ),
         name="api-docs",
     ),
-    path("api/v1/", include("apps.schedules.api_urls")),
+    path("api/v1/", include("apps.occurrences.schedules.api_urls")),
     path("api/v1/", include("apps.occurrences.api_urls")),
     path("api/v1/", include("apps.tenants.api_urls")),
     # Tenant web UI (docs/ui.md): log in, dashboard, schedules, occurrences, DLQ, keys, members.
     path("", include("apps.tenants.urls")),
-    path("", include("apps.schedules.urls")),
+    path("", include("apps.occurrences.schedules.urls")),
     path("", include("apps.occurrences.urls")),
     # Browsers ask every site for /favicon.ico, the admin's pages included.
     path("favicon.ico", favicon, name="favicon"),

@@ -11,6 +11,7 @@ from django.shortcuts import redirect, render
 from django.urls import path, reverse
 from django.utils import timezone
 
+from apps.core.admin_base import TickModelAdmin, staff_actor
 from apps.occurrences.execution.replay import occurrences_replay
 from apps.occurrences.models import (
     Attempt,
@@ -19,8 +20,13 @@ from apps.occurrences.models import (
     ShardLease,
     WorkerPresence,
 )
+from apps.occurrences.schedule_changes import schedule_cancel, schedule_pause, schedule_resume
 from apps.occurrences.selectors import parse_instant
-from apps.tenants.admin_base import TickModelAdmin, staff_actor
+from apps.schedules.admin import ScheduleAdmin
+from apps.schedules.errors import LifecycleError
+from apps.schedules.models import Schedule
+from apps.schedules.services import QUOTA_STATES
+from apps.tenants.admin import TenantAdmin
 from apps.tenants.models import Tenant, TenantEvent
 from apps.tenants.services import log_tenant_event
 
@@ -209,3 +215,79 @@ admin_urlpatterns = [
     path("occurrences/browse/<str:occurrence_id>/", admin.site.admin_view(occurrence_admin_detail),
          name="admin-occurrence-detail"),
 ]  # fmt: skip
+
+
+# The admin pages of the lower apps, with what needs this app: a tenant's usage counts and
+# the schedule actions that recall occurrences (docs/architecture.md "The house").
+admin.site.unregister(Tenant)
+admin.site.unregister(Schedule)
+
+
+@admin.register(Tenant)
+class TenantUsageAdmin(TenantAdmin):
+    readonly_fields = ["schedules_in_quota", "running_now", *TenantAdmin.readonly_fields]
+    fieldsets = [
+        (name, {"fields": ["schedules_in_quota", "running_now", *opts["fields"]]})
+        if name == "Usage"
+        else (name, opts)
+        for name, opts in TenantAdmin.fieldsets
+    ]
+
+    @admin.display(description="Active + paused schedules")
+    def schedules_in_quota(self, obj: Tenant) -> str:
+        used = obj.schedules.filter(state__in=QUOTA_STATES).count() if obj.pk else 0
+        return f"{used} / {obj.max_active_schedules}"
+
+    @admin.display(description="Running occurrences (last 2 days)")
+    def running_now(self, obj: Tenant) -> str:
+        if not obj.pk:
+            return "—"
+        used = Occurrence.objects.filter(
+            tenant=obj, state=Occurrence.State.RUNNING,
+            scheduled_for__gte=timezone.now() - timedelta(days=2),
+        ).count()  # fmt: skip
+        return f"{used} / {obj.max_running}"
+
+
+@admin.register(Schedule)
+class ScheduleLifecycleAdmin(ScheduleAdmin):
+    actions = ["pause", "resume", "cancel"]
+
+    def _apply(self, request: HttpRequest, queryset: QuerySet[Schedule], action: str) -> None:
+        # Through the lifecycle services: each change is in the schedule's event log with
+        # the staff user as actor (docs/security.md "Event log").
+        service = {"pause": schedule_pause, "resume": schedule_resume,
+                   "cancel": schedule_cancel}[action]  # fmt: skip
+        past = {"pause": "Paused", "resume": "Resumed", "cancel": "Canceled"}[action]
+        actor = staff_actor(request)
+        done, refused = 0, []
+        for schedule in queryset[:500]:
+            try:
+                service(schedule=schedule, actor=actor)
+                done += 1
+            except LifecycleError as err:
+                refused.append(f"{schedule.name}: {err.message}")
+        self.message_user(request, f"{past} {done} schedule(s).", messages.SUCCESS)
+        for line in refused:
+            self.message_user(request, line, messages.WARNING)
+
+    @admin.action(
+        description="Pause selected schedules (through the lifecycle service)",
+        permissions=["change"],
+    )
+    def pause(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
+        self._apply(request, queryset, "pause")
+
+    @admin.action(
+        description="Resume selected schedules (through the lifecycle service)",
+        permissions=["change"],
+    )
+    def resume(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
+        self._apply(request, queryset, "resume")
+
+    @admin.action(
+        description="Cancel selected schedules for good (kept for audit, never fire again)",
+        permissions=["change"],
+    )
+    def cancel(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
+        self._apply(request, queryset, "cancel")

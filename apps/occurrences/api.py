@@ -7,13 +7,15 @@ from __future__ import annotations
 from typing import Any
 
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers, status
 from rest_framework.exceptions import APIException, ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from apps.core.openapi import COMMON, error_table
+from apps.core.pagination import KeysetPagination, unknown_query_params
 from apps.occurrences.execution.cancel import CancelOutcome, occurrence_cancel
 from apps.occurrences.execution.replay import occurrences_replay
 from apps.occurrences.models import Occurrence
@@ -25,26 +27,15 @@ from apps.occurrences.selectors import (
     parse_occurrence_filter,
 )
 from apps.occurrences.serializers import OccurrenceDetailSerializer, OccurrenceSerializer
-from apps.schedules.serializers import ErrorSerializer
 from apps.tenants.authentication import principal_of
-from apps.tenants.pagination import KeysetPagination, unknown_query_params
 
-
-def _errors(*codes: int) -> dict[int, OpenApiResponse]:
-    """The documented error answers of an operation, all in the one error shape."""
-    described = {
-        400: "Invalid input (field errors in `error.fields`).",
-        401: "Missing, unknown, revoked or expired API key.",
+_errors = error_table(
+    {
+        "400-filter": "A bad filter or cursor, or an unknown parameter.",
         404: "No such occurrence in this tenant.",
         409: "Conflict with the occurrence's state.",
-        413: "Request body over the size cap.",
-        415: "Only application/json bodies are accepted.",
-        429: "Per-key rate limit; retry after `Retry-After` seconds.",
     }
-    return {c: OpenApiResponse(ErrorSerializer, description=described[c]) for c in codes}
-
-
-_COMMON = (401, 429)
+)
 
 
 class OccurrenceCursor(KeysetPagination):
@@ -68,10 +59,7 @@ class OccurrenceList(APIView):
         ],
         responses={
             200: OccurrenceSerializer(many=True),
-            400: OpenApiResponse(
-                ErrorSerializer, description="A bad filter or cursor, or an unknown parameter."
-            ),
-            **_errors(*_COMMON),
+            **_errors("400-filter", *COMMON),
         },
     )
     def get(self, request: Request) -> Response:
@@ -93,7 +81,7 @@ class OccurrenceList(APIView):
 
 
 class OccurrenceDetail(APIView):
-    @extend_schema(responses={200: OccurrenceDetailSerializer, **_errors(404, *_COMMON)})
+    @extend_schema(responses={200: OccurrenceDetailSerializer, **_errors(404, *COMMON)})
     def get(self, request: Request, occurrence_id: Any) -> Response:
         occurrence = access_occurrence(
             tenant=principal_of(request).tenant, occurrence_id=occurrence_id
@@ -123,7 +111,7 @@ class OccurrenceReplay(APIView):
     @extend_schema(
         operation_id="occurrences_replay_one",
         request=None,
-        responses={200: OccurrenceDetailSerializer, **_errors(404, 409, *_COMMON)},
+        responses={200: OccurrenceDetailSerializer, **_errors(404, 409, *COMMON)},
     )
     def post(self, request: Request, occurrence_id: Any) -> Response:
         tenant = principal_of(request).tenant
@@ -162,7 +150,7 @@ class OccurrenceBulkReplay(APIView):
     @extend_schema(
         operation_id="occurrences_replay_many",
         request=BulkReplayRequest,
-        responses={200: BulkReplayResponse, **_errors(400, 413, 415, *_COMMON)},
+        responses={200: BulkReplayResponse, **_errors(400, 413, 415, *COMMON)},
     )
     def post(self, request: Request) -> Response:
         body = BulkReplayRequest(data=request.data)
@@ -195,7 +183,7 @@ class OccurrenceCancel(APIView):
         responses={
             200: CancelResponse,
             202: CancelResponse,
-            **_errors(404, 409, *_COMMON),
+            **_errors(404, 409, *COMMON),
         },
     )
     def post(self, request: Request, occurrence_id: Any) -> Response:

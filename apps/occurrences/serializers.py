@@ -5,6 +5,7 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from apps.core.fields import AnyCaseChoiceField, StrictCharField, StrictIntegerField
 from apps.occurrences.alerts.configure import (
     MAX_THRESHOLD_S,
     MAX_WINDOW_MINUTES,
@@ -23,7 +24,6 @@ from apps.occurrences.models import (
     Occurrence,
 )
 from apps.occurrences.selectors import attempts_of, enqueue_lag_s, start_lag_s
-from apps.schedules.serializers import AnyCaseChoiceField, StrictCharField, StrictIntegerField
 
 
 class AttemptSerializer(serializers.ModelSerializer[Attempt]):

@@ -19,6 +19,7 @@ from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
+from apps.core.pagination import web_page
 from apps.occurrences.execution.replay import ReplayResult, occurrences_replay
 from apps.occurrences.models import Attempt, Occurrence
 from apps.occurrences.observability import dashboard as dash
@@ -34,7 +35,6 @@ from apps.occurrences.selectors import (
 )
 from apps.schedules.models import Schedule
 from apps.tenants.page_lists import page_list
-from apps.tenants.pagination import web_page
 from apps.tenants.web import admin_only, tenant_page, tick_of
 
 PAGE_SIZE = 50

@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any
 
 from django import forms
@@ -9,13 +8,10 @@ from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.urls import reverse
-from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
 
-from apps.occurrences.models import Occurrence
-from apps.schedules.services import QUOTA_STATES
-from apps.tenants.admin_base import ReadOnlyTickModelAdmin, TickModelAdmin, staff_actor
+from apps.core.admin_base import ReadOnlyTickModelAdmin, TickModelAdmin, staff_actor
 from apps.tenants.members import member_keys_demote
 from apps.tenants.models import (
     ApiKey,
@@ -44,7 +40,7 @@ class TenantAdmin(TickModelAdmin[Tenant]):
                     "max_timeout_s", "created_at"]  # fmt: skip
     search_fields = ["slug", "name"]
     # Quotas are editable here; usage is read-only, counted for the one tenant shown.
-    readonly_fields = ["schedules_in_quota", "running_now", "active_api_keys", "recent_events"]
+    readonly_fields = ["active_api_keys", "recent_events"]
 
     # Schedules, occurrences and events keep a tenant's rows (no database cascade, history
     # stays for audit): a delete always ended in "Cannot delete tenant", so none is offered.
@@ -57,24 +53,11 @@ class TenantAdmin(TickModelAdmin[Tenant]):
                                "catchup_rate_per_s", "min_interval_s", "api_rate_per_min",
                                "retry_budget_per_hour", "max_timeout_s"]}),
         ("Webhooks", {"fields": ["webhook_allowed_ports"]}),
-        ("Usage", {"fields": ["schedules_in_quota", "running_now", "active_api_keys"]}),
+        # apps/occurrences/admin.py adds the schedule and occurrence counts (this app sees
+        # neither).
+        ("Usage", {"fields": ["active_api_keys"]}),
         ("Account log", {"fields": ["recent_events"]}),
     ]  # fmt: skip
-
-    @admin.display(description="Active + paused schedules")
-    def schedules_in_quota(self, obj: Tenant) -> str:
-        used = obj.schedules.filter(state__in=QUOTA_STATES).count() if obj.pk else 0
-        return f"{used} / {obj.max_active_schedules}"
-
-    @admin.display(description="Running occurrences (last 2 days)")
-    def running_now(self, obj: Tenant) -> str:
-        if not obj.pk:
-            return "—"
-        used = Occurrence.objects.filter(
-            tenant=obj, state=Occurrence.State.RUNNING,
-            scheduled_for__gte=timezone.now() - timedelta(days=2),
-        ).count()  # fmt: skip
-        return f"{used} / {obj.max_running}"
 
     @admin.display(description="Active API keys")
     def active_api_keys(self, obj: Tenant) -> int:

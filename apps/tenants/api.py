@@ -11,17 +11,17 @@ from collections.abc import Mapping
 from typing import Any
 
 from django.utils import timezone
-from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_field
+from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import serializers, status
 from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from apps.schedules.serializers import ErrorSerializer
+from apps.core.openapi import COMMON, error_table
+from apps.core.pagination import unknown_query_params
 from apps.tenants.authentication import principal_of
 from apps.tenants.models import SigningSecret
-from apps.tenants.pagination import unknown_query_params
 from apps.tenants.signing import (
     signing_secret_revoke,
     signing_secret_rotate,
@@ -81,21 +81,18 @@ class RotateResponseSerializer(SigningSecretSerializer):
     )
 
 
-def _errors(described: dict[int, str]) -> dict[int, OpenApiResponse]:
-    common = {
-        401: "Missing, unknown, revoked or expired API key.",
-        429: "Per-key rate limit; retry after `Retry-After` seconds.",
+_errors = error_table(
+    {
+        "400-unknown": "An unknown parameter.",
+        404: "No such signing secret in this tenant.",
+        "409-rotating": "A rotation is in progress (two active secrets): revoke one first.",
+        "409-only": "The only active secret: rotate first.",
     }
-    return {
-        code: OpenApiResponse(ErrorSerializer, description=text)
-        for code, text in {**common, **described}.items()
-    }
+)
 
 
 class SigningSecretList(APIView):
-    @extend_schema(
-        responses={200: SigningSecretListSerializer, **_errors({400: "An unknown parameter."})}
-    )
+    @extend_schema(responses={200: SigningSecretListSerializer, **_errors(*COMMON, "400-unknown")})
     def get(self, request: Request) -> Response:
         """The tenant's webhook signing secrets, newest first (the latest 100): prefixes and
         dates only, never a secret."""
@@ -112,13 +109,7 @@ class SigningSecretRotate(APIView):
         request=RotateRequestSerializer,
         responses={
             201: RotateResponseSerializer,
-            **_errors(
-                {
-                    400: "Invalid input (field errors in `error.fields`).",
-                    409: "A rotation is in progress (two active secrets): revoke one first.",
-                    415: "Only application/json bodies are accepted.",
-                }
-            ),
+            **_errors(*COMMON, 400, "409-rotating", 415),
         },
     )
     def post(self, request: Request) -> Response:
@@ -144,12 +135,7 @@ class SigningSecretDetail(APIView):
     @extend_schema(
         responses={
             200: SigningSecretSerializer,
-            **_errors(
-                {
-                    404: "No such signing secret in this tenant.",
-                    409: "The only active secret: rotate first.",
-                }
-            ),
+            **_errors(*COMMON, 404, "409-only"),
         }
     )
     def delete(self, request: Request, secret_id: Any) -> Response:

@@ -12,15 +12,15 @@ from collections.abc import Callable
 from typing import Any
 
 from django.utils import timezone
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.exceptions import PermissionDenied
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from apps.schedules.api import IDEMPOTENCY_KEY
-from apps.schedules.serializers import ErrorSerializer
+from apps.core.openapi import BODY, COMMON, IDEMPOTENCY_KEY, error_table
+from apps.core.pagination import unknown_query_params
 from apps.tenants.authentication import TenantPrincipal, principal_of
 from apps.tenants.members import (
     access_invitation,
@@ -34,7 +34,6 @@ from apps.tenants.members import (
     membership_remove,
 )
 from apps.tenants.models import Membership
-from apps.tenants.pagination import unknown_query_params
 from apps.tenants.serializers import (
     InvitationCreateSerializer,
     InvitationSerializer,
@@ -47,24 +46,16 @@ from apps.tenants.services import idempotency_lookup, idempotency_request_hash, 
 LIST_LIMIT = 1000
 
 
-def _errors(*codes: int) -> dict[int, OpenApiResponse]:
-    described = {
-        400: "Invalid input (field errors in `error.fields`).",
-        401: "Missing, unknown, revoked or expired API key.",
+_errors = error_table(
+    {
         403: "A viewer API key reads members and invitations and changes nothing.",
         404: "No such member or invitation in this tenant.",
         409: "The last admin, an existing member or open invitation, a closed invitation, "
         "or an Idempotency-Key used with another body.",
-        413: "Request body over the size cap.",
-        415: "Only application/json bodies are accepted.",
         429: "Per-key rate limit, or the tenant's hourly invitation mails (new and re-sent) "
         "are spent; retry after `Retry-After` seconds.",
     }
-    return {c: OpenApiResponse(ErrorSerializer, description=described[c]) for c in codes}
-
-
-_COMMON = (401, 429)
-_BODY = (400, 413, 415)
+)
 
 
 def _admin(request: Request) -> TenantPrincipal:
@@ -116,7 +107,7 @@ def _maybe_idempotent(request: Request, call: Callable[[], tuple[int, Any]]) -> 
 class MemberList(APIView):
     checks_key_role = True  # the tenant door's 404 comes before the role's 403 (`_admin`)
 
-    @extend_schema(responses={200: MemberSerializer(many=True), **_errors(400, *_COMMON)})
+    @extend_schema(responses={200: MemberSerializer(many=True), **_errors(400, *COMMON)})
     def get(self, request: Request) -> Response:
         """The tenant's members (people with a web login), by username."""
         _no_query(request)
@@ -132,14 +123,14 @@ class MemberDetail(APIView):
         # The tenant door before anything else, for every method (404 over 405/403).
         access_membership(tenant=principal_of(request).tenant, membership_id=kwargs["member_id"])
 
-    @extend_schema(responses={200: MemberSerializer, **_errors(404, *_COMMON)})
+    @extend_schema(responses={200: MemberSerializer, **_errors(404, *COMMON)})
     def get(self, request: Request, member_id: int) -> Response:
         member = access_membership(tenant=principal_of(request).tenant, membership_id=member_id)
         return Response(MemberSerializer(member).data)
 
     @extend_schema(
         request=MemberUpdateSerializer,
-        responses={200: MemberSerializer, **_errors(*_BODY, 403, 404, 409, *_COMMON)},
+        responses={200: MemberSerializer, **_errors(*BODY, 403, 404, 409, *COMMON)},
     )
     def patch(self, request: Request, member_id: int) -> Response:
         """Change a member's role. Demoting the last admin is a 409 `last_admin`."""
@@ -153,7 +144,7 @@ class MemberDetail(APIView):
         )  # fmt: skip
         return Response(MemberSerializer(changed).data)
 
-    @extend_schema(responses={204: None, **_errors(403, 404, 409, *_COMMON)})
+    @extend_schema(responses={204: None, **_errors(403, 404, 409, *COMMON)})
     def delete(self, request: Request, member_id: int) -> Response:
         """Remove a member from the tenant (their account stays). The last admin: 409."""
         principal = _admin(request)
@@ -165,7 +156,7 @@ class MemberDetail(APIView):
 class InvitationListCreate(APIView):
     checks_key_role = True  # the tenant door's 404 comes before the role's 403 (`_admin`)
 
-    @extend_schema(responses={200: InvitationSerializer(many=True), **_errors(400, *_COMMON)})
+    @extend_schema(responses={200: InvitationSerializer(many=True), **_errors(400, *COMMON)})
     def get(self, request: Request) -> Response:
         """The tenant's invitations, newest first, in every state (pending, expired,
         accepted, revoked)."""
@@ -176,7 +167,7 @@ class InvitationListCreate(APIView):
     @extend_schema(
         request=InvitationCreateSerializer,
         parameters=[IDEMPOTENCY_KEY],
-        responses={201: InvitationSerializer, **_errors(*_BODY, 403, 409, *_COMMON)},
+        responses={201: InvitationSerializer, **_errors(*BODY, 403, 409, *COMMON)},
     )
     def post(self, request: Request) -> Response:
         """Invite an e-mail address with a role (default `viewer`); the link is mailed,
@@ -206,7 +197,7 @@ class InvitationDetail(APIView):
             tenant=principal_of(request).tenant, invitation_id=kwargs["invitation_id"]
         )
 
-    @extend_schema(responses={200: InvitationSerializer, **_errors(404, *_COMMON)})
+    @extend_schema(responses={200: InvitationSerializer, **_errors(404, *COMMON)})
     def get(self, request: Request, invitation_id: Any) -> Response:
         invitation = access_invitation(
             tenant=principal_of(request).tenant, invitation_id=invitation_id
@@ -228,7 +219,7 @@ class InvitationResend(InvitationDetail):
     @extend_schema(
         request=None,
         parameters=[IDEMPOTENCY_KEY],
-        responses={200: InvitationSerializer, **_errors(403, 404, 409, *_COMMON)},
+        responses={200: InvitationSerializer, **_errors(403, 404, 409, *COMMON)},
     )
     def post(self, request: Request, invitation_id: Any) -> Response:
         """Mail a new link and restart the expiry; the earlier link stops working. An
@@ -245,7 +236,7 @@ class InvitationRevoke(InvitationDetail):
     @extend_schema(
         request=None,
         parameters=[IDEMPOTENCY_KEY],
-        responses={200: InvitationSerializer, **_errors(403, 404, 409, *_COMMON)},
+        responses={200: InvitationSerializer, **_errors(403, 404, 409, *COMMON)},
     )
     def post(self, request: Request, invitation_id: Any) -> Response:
         """Revoke an open invitation: its link is refused from now on."""

@@ -23,6 +23,7 @@ from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
+from apps.core.no_store import shows_secret
 from apps.tenants import rls
 from apps.tenants.accounts import password_changed, user_sessions, user_sessions_revoke_others
 from apps.tenants.docs_pages import webhooks_guide_html
@@ -44,7 +45,6 @@ from apps.tenants.members import (
     users_with_address,
 )
 from apps.tenants.models import ApiKey, Invitation, Membership, SigningSecret, TenantEvent
-from apps.tenants.no_store import shows_secret
 from apps.tenants.page_lists import page_list
 from apps.tenants.services import api_key_create, api_key_revoke_for_tenant
 from apps.tenants.signing import (

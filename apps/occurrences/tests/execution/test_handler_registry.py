@@ -18,8 +18,8 @@ from django.utils import timezone
 from apps.occurrences.execution.registry import handler_names, handler_spec
 from apps.occurrences.execution.run import occurrence_execute
 from apps.occurrences.models import Attempt, HandlerEffect
+from apps.occurrences.schedules.forms import ScheduleForm
 from apps.occurrences.tests.support.rows import occurrence, schedule
-from apps.schedules.forms import ScheduleForm
 from apps.schedules.models import Schedule
 from tickweb.checks import check_demo_handlers_off, check_extra_handlers
 

@@ -11,9 +11,9 @@ import pytest
 from django.utils import timezone
 
 from apps.occurrences.models import Occurrence
+from apps.occurrences.schedules.tests.web.test_browser import _login
 from apps.occurrences.tests.support.rows import attempt_started, dead_occurrence, occurrence
 from apps.occurrences.tests.support.rows import schedule as make
-from apps.schedules.tests.web.test_browser import _login
 from apps.tenants.tests.browser import NEEDS_CHROMIUM, SHOTS
 
 pytestmark = [

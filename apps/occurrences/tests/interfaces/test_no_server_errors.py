@@ -7,7 +7,7 @@ not random examples: the same requests every run, all of them in a few seconds.
 The tenant web UI is requested as a tenant admin (GET, and POST with junk form data); the
 admin as a superuser (GET only: its POSTs delete and change rows, and its forms are Django's
 own); the API with a tenant's key (GET; its bodies are fuzzed by schemathesis,
-apps/schedules/tests/api/test_api_schema_fuzz.py).
+apps/occurrences/schedules/tests/api/test_api_schema_fuzz.py).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from apps.schedules.tests.web.test_browser import _login
+from apps.occurrences.schedules.tests.web.test_browser import _login
 from apps.tenants.tests.browser import NEEDS_CHROMIUM, SHOTS
 
 pytestmark = [pytest.mark.django_db(transaction=True), NEEDS_CHROMIUM]

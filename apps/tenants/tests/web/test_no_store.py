@@ -10,7 +10,7 @@ from rest_framework.response import Response
 from rest_framework.test import APIRequestFactory
 from rest_framework.views import APIView
 
-from apps.tenants.no_store import ShowsSecretMixin
+from apps.core.no_store import ShowsSecretMixin
 
 pytestmark = pytest.mark.django_db
 

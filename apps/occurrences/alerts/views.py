@@ -1,0 +1,231 @@
+"""The Alerts page of the web UI (docs/ui.md, docs/alerts.md): channels, rules and the alert
+history. Thin views over the same operations as /api/v1/alert-* (apps/occurrences/alerts/api.py);
+every id goes through the tenant doors, so another tenant's id is a 404. Changes are admins'
+only; every change is a POST that redirects back with a message."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.conf import settings
+from django.contrib import messages
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_POST
+
+from apps.core.pagination import web_page
+from apps.occurrences.alerts.configure import (
+    AlertConfigError,
+    ChannelSpec,
+    RuleSpec,
+    access_channel,
+    access_rule,
+    channel_create,
+    channel_delete,
+    channel_update,
+    rule_create,
+    rule_delete,
+    rule_update,
+    send_test_alert,
+)
+from apps.occurrences.alerts.confirm import (
+    channel_confirm,
+    confirmation_for_token,
+    confirmation_resend,
+)
+from apps.occurrences.alerts.forms import AlertChannelForm, AlertRuleForm, show_config_errors
+from apps.occurrences.alerts.history import alerts_history, delivery_state
+from apps.occurrences.alerts.lag import DEFAULT_THRESHOLD_S, DEFAULT_WINDOW_MINUTES
+from apps.occurrences.models import LAG_EVENTS, AlertChannel, AlertRule
+from apps.tenants.errors import RefusedRequest
+from apps.tenants.page_lists import page_list
+from apps.tenants.web import actor_of, admin_only, tenant_page, tick_of
+
+HISTORY_PAGE_SIZE = 50
+
+
+def _page(
+    request: HttpRequest,
+    *,
+    channel_form: AlertChannelForm | None = None,
+    rule_form: AlertRuleForm | None = None,
+    status: int = 200,
+) -> HttpResponse:
+    tenant = tick_of(request).tenant
+    history = web_page(
+        request, alerts_history(tenant=tenant), field="fired_at", size=HISTORY_PAGE_SIZE
+    )
+    rules = AlertRule.objects.filter(tenant=tenant).select_related("channel", "schedule")
+    context: dict[str, Any] = {
+        "channels": page_list(request, "channels", AlertChannel.objects.filter(tenant=tenant)),
+        "rules": page_list(request, "rules", rules),
+        "lag_events": [str(e) for e in LAG_EVENTS],
+        "default_threshold_s": DEFAULT_THRESHOLD_S,
+        "default_window_minutes": DEFAULT_WINDOW_MINUTES,
+        "channel_form": channel_form or AlertChannelForm(),
+        "rule_form": rule_form or AlertRuleForm(tenant=tenant),
+        "history": [(alert, str(delivery_state(alert))) for alert in history.rows],
+        **history.pager(),
+        "errors": [history.error] if history.error else [],
+        "coalesce_s": settings.TICK_ALERT_COALESCE_S,
+        "interval_s": settings.TICK_ALERT_CHANNEL_INTERVAL_S,
+        "nav": "alerts",
+    }
+    return render(request, "tick/alerts.html", context, status=status)
+
+
+@tenant_page
+def alerts(request: HttpRequest) -> HttpResponse:
+    return _page(request)
+
+
+@tenant_page
+@require_POST
+def alert_channel_add(request: HttpRequest) -> HttpResponse:
+    admin_only(request)
+    form = AlertChannelForm(request.POST)
+    if form.is_valid():
+        try:
+            channel = channel_create(
+                tenant=tick_of(request).tenant, spec=form.to_spec(), actor=actor_of(request)
+            )
+        except AlertConfigError as exc:
+            show_config_errors(form, exc)
+        except RefusedRequest as refused:
+            form.add_error(None, refused.message)
+        else:
+            pending = (
+                f" A confirmation link was mailed to {channel.target}: nothing is sent there "
+                "until it is followed."
+                if channel.confirmed_at is None
+                else ""
+            )
+            messages.success(request, f"Channel “{channel.name}” added.{pending}")
+            return redirect("alerts")
+    return _page(request, channel_form=form, status=400)
+
+
+@tenant_page
+@require_POST
+def alert_channel_toggle(request: HttpRequest, channel_id: uuid.UUID) -> HttpResponse:
+    admin_only(request)
+    channel = access_channel(tenant=tick_of(request).tenant, channel_id=channel_id)
+    spec = ChannelSpec(
+        name=channel.name, kind=channel.kind, target=channel.target, enabled=not channel.enabled
+    )
+    try:
+        channel_update(channel=channel, spec=spec, actor=actor_of(request))
+    except AlertConfigError as exc:
+        messages.error(request, f"Channel “{channel.name}” not changed: {exc}")
+    else:
+        state = "enabled" if channel.enabled else "disabled: its rules record nothing"
+        messages.success(request, f"Channel “{channel.name}” {state}.")
+    return redirect("alerts")
+
+
+@tenant_page
+@require_POST
+def alert_channel_delete(request: HttpRequest, channel_id: uuid.UUID) -> HttpResponse:
+    admin_only(request)
+    channel = access_channel(tenant=tick_of(request).tenant, channel_id=channel_id)
+    channel_delete(channel=channel, actor=actor_of(request))
+    messages.success(request, f"Channel “{channel.name}” deleted, with its rules and history.")
+    return redirect("alerts")
+
+
+@tenant_page
+@require_POST
+def alert_channel_test(request: HttpRequest, channel_id: uuid.UUID) -> HttpResponse:
+    admin_only(request)
+    channel = access_channel(tenant=tick_of(request).tenant, channel_id=channel_id)
+    try:
+        alert = send_test_alert(channel=channel, actor=actor_of(request))
+    except RefusedRequest as refused:
+        messages.error(request, f"No test alert for “{channel.name}”: {refused.message}")
+        return redirect("alerts")
+    messages.success(
+        request,
+        f"Test alert {alert.id} recorded for “{channel.name}”: the reaper sends it on its next "
+        "pass. Its delivery state is in the history below.",
+    )
+    return redirect("alerts")
+
+
+@tenant_page
+@require_POST
+def alert_channel_confirmation(request: HttpRequest, channel_id: uuid.UUID) -> HttpResponse:
+    admin_only(request)
+    channel = access_channel(tenant=tick_of(request).tenant, channel_id=channel_id)
+    try:
+        confirmation_resend(channel=channel, actor=actor_of(request))
+    except RefusedRequest as refused:
+        messages.error(request, f"No confirmation mail for “{channel.name}”: {refused.message}")
+    else:
+        messages.success(request, f"A new confirmation link was mailed to {channel.target}.")
+    return redirect("alerts")
+
+
+def alert_channel_confirm(request: HttpRequest, token: str) -> HttpResponse:
+    """The link of a confirmation mail (signed in or not): shows what it confirms; the
+    "Confirm" button (a POST) confirms. Mail scanners that open links confirm nothing."""
+    link = confirmation_for_token(token)
+    if link is None:
+        return render(request, "tick/alert_channel_confirm.html", {"invalid": True}, status=404)
+    if request.method == "POST":
+        confirmed = channel_confirm(token)
+        return render(
+            request, "tick/alert_channel_confirm.html",
+            {"link": link, "confirmed": confirmed is not None},
+            status=200 if confirmed is not None else 404,
+        )  # fmt: skip
+    return render(request, "tick/alert_channel_confirm.html", {"link": link})
+
+
+@tenant_page
+@require_POST
+def alert_rule_add(request: HttpRequest) -> HttpResponse:
+    admin_only(request)
+    tenant = tick_of(request).tenant
+    form = AlertRuleForm(request.POST, tenant=tenant)
+    if form.is_valid():
+        try:
+            rule = rule_create(tenant=tenant, spec=form.to_spec(), actor=actor_of(request))
+        except AlertConfigError as exc:
+            show_config_errors(form, exc)
+        else:
+            messages.success(
+                request, f"Rule added: {rule.get_event_display()} → “{rule.channel.name}”."
+            )
+            return redirect("alerts")
+    return _page(request, rule_form=form, status=400)
+
+
+@tenant_page
+@require_POST
+def alert_rule_toggle(request: HttpRequest, rule_id: uuid.UUID) -> HttpResponse:
+    admin_only(request)
+    rule = access_rule(tenant=tick_of(request).tenant, rule_id=rule_id)
+    spec = RuleSpec(
+        channel_id=rule.channel_id, event=rule.event, schedule_id=rule.schedule_id,
+        threshold_s=rule.threshold_s, window_minutes=rule.window_minutes,
+        enabled=not rule.enabled,
+    )  # fmt: skip
+    try:
+        rule_update(rule=rule, spec=spec, actor=actor_of(request))
+    except AlertConfigError as exc:
+        messages.error(request, f"Rule not changed: {exc}")
+    else:
+        state = "enabled" if rule.enabled else "disabled"
+        messages.success(request, f"Rule {rule.get_event_display()} {state}.")
+    return redirect("alerts")
+
+
+@tenant_page
+@require_POST
+def alert_rule_delete(request: HttpRequest, rule_id: uuid.UUID) -> HttpResponse:
+    admin_only(request)
+    rule = access_rule(tenant=tick_of(request).tenant, rule_id=rule_id)
+    rule_delete(rule=rule, actor=actor_of(request))
+    messages.success(request, f"Rule {rule.get_event_display()} deleted.")
+    return redirect("alerts")
