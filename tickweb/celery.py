@@ -30,6 +30,15 @@ def _declare_queues(sender: Celery, **_: object) -> None:
     )
 
 
+@signals.task_postrun.connect
+def _close_old_connections(**_: object) -> None:
+    """After each task, what Django does after each request: close a connection that is
+    older than CONN_MAX_AGE or unusable after an error (settings.CELERY_DB_REUSE_MAX)."""
+    from django.db import close_old_connections
+
+    close_old_connections()
+
+
 # --- observability ----------------------------------------------------------------------
 # Prefork workers observe metrics in child processes. With PROMETHEUS_MULTIPROC_DIR set
 # (before the worker starts), each child writes its samples to that directory and the parent

@@ -309,7 +309,7 @@ SPECTACULAR_SETTINGS = {
         # Alerts: a channel's kind beside the schedule's, a rule's events beside the history's.
         "AlertChannelKindEnum": "apps.occurrences.models.AlertChannel.Kind",
         "AlertEventEnum": "apps.occurrences.models.AlertEvent",
-        "AlertRuleEventEnum": "apps.occurrences.serializers.RULE_EVENT_CHOICES",
+        "AlertRuleEventEnum": "apps.occurrences.alerts.serializers.RULE_EVENT_CHOICES",
         "KindEnum": "apps.occurrences.schedules.serializers.KIND_IN",
         "AlertDeliveryStateEnum": "apps.occurrences.models.AlertDelivery.State",
     },
@@ -347,6 +347,12 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 # Handlers can run for hours: a worker reserves one message per pool slot, no more.
 CELERY_WORKER_PREFETCH_MULTIPLIER = env_int("CELERY_WORKER_PREFETCH_MULTIPLIER", 1)
+# Celery's Django fixup closes every database connection before and after each task unless
+# this is set: a new PostgreSQL backend per occurrence cost more server CPU than the claim and
+# completion together (docs/decisions.md "Workers keep their database connection"). Set, it
+# closes only every this many tasks; tickweb/celery.py closes per CONN_MAX_AGE and on errors
+# as Django does per request.
+CELERY_DB_REUSE_MAX = 1_000_000
 # Tick sends no ETA tasks: without Celery's delayed-delivery step a worker consumes at once
 # after failing over to another node (apps/occurrences/execution/worker_consumer.py).
 CELERY_WORKER_CONSUMER = "apps.occurrences.execution.worker_consumer:TickConsumer"
@@ -415,6 +421,11 @@ TICK_WORKER_PRESENCE_INTERVAL_S = env_int("TICK_WORKER_PRESENCE_INTERVAL_S", 10)
 TICK_WORKER_PRESENCE_TTL_S = env_int("TICK_WORKER_PRESENCE_TTL_S", 30)
 # A worker retries a database outage this long (backoff) before handing the message back.
 TICK_WORKER_OUTAGE_RETRY_S = env_int("TICK_WORKER_OUTAGE_RETRY_S", 60)
+# Group commit of successful completions in a pool process (execution/complete_batch.py):
+# queued ones are written together every this many ms (0: each completes at once), at once
+# when this many are queued.
+TICK_COMPLETION_GROUP_MS = env_int("TICK_COMPLETION_GROUP_MS", 50)
+TICK_COMPLETION_GROUP_MAX = env_int("TICK_COMPLETION_GROUP_MAX", 200)
 # Handler deadlines (apps/occurrences/execution/deadlines.py): at its run-time limit a handler
 # is told to stop; one still running this much later is reclaimed (attempt TIMED_OUT, the
 # prefork pool process replaced).

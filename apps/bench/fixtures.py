@@ -130,6 +130,7 @@ class ScheduleBatch:
         payload: str = "{}",
         timeout_s: int | None = None,
         end_at: datetime | None = None,
+        handler: str = BENCH_HANDLER,
     ) -> None:
         """An ACTIVE version-1 schedule (FIRE_ONCE, ALLOW, skip/first) and its version row.
         `payload` is JSON text; `timeout_s` and `end_at` None keep the defaults."""
@@ -138,7 +139,7 @@ class ScheduleBatch:
                 schedule_id, tenant_id, "bench", Schedule.Kind.CRON, expression, time_zone,
                 Schedule.DstGap.SKIP, Schedule.DstFold.FIRST, precision, flexible_window_s,
                 Schedule.MisfirePolicy.FIRE_ONCE, 60, 0, Schedule.OverlapPolicy.ALLOW,
-                BENCH_HANDLER, payload, timeout_s, end_at.isoformat() if end_at else None, 1,
+                handler, payload, timeout_s, end_at.isoformat() if end_at else None, 1,
                 Schedule.State.ACTIVE, next_run_at.isoformat(),
                 shard_for(schedule_id, settings.TICK_SHARDS),
                 created_at.isoformat(), created_at.isoformat(),

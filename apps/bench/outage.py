@@ -12,7 +12,6 @@ and reconcile's policy-breach classes.
 
 from __future__ import annotations
 
-import math
 import signal
 import time
 import uuid
@@ -28,7 +27,7 @@ from apps.bench.execution import Pool, _copy_every_minute, _stack, _wait_until
 from apps.bench.fixtures import next_whole_minute
 from apps.occurrences.audit.reconcile import POLICY_BREACHES, reconcile
 from apps.occurrences.misfire import late_runs_allowed
-from apps.occurrences.models import Occurrence
+from apps.occurrences.models import Lane, Occurrence
 from apps.schedules.models import Schedule
 from apps.tenants.models import Tenant
 
@@ -70,39 +69,59 @@ def _p99(values: list[float]) -> float | None:
     return round(ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))], 3)
 
 
+# Per schedule, over the instants observed: those late (a first attempt started beyond the max
+# lateness, or in the catch-up lane; or MISSED) and of them the runs, split at the restart.
 _LATE_RUNS = """
     SELECT o.schedule_id,
-           count(*) FILTER (WHERE a.started_at > o.scheduled_for
-                                  + make_interval(secs => %(lateness)s)),
-           count(*) FILTER (WHERE o.state = %(missed)s)
+           count(*) FILTER (WHERE o.scheduled_for < %(restart)s AND {ran_late}),
+           count(*) FILTER (WHERE o.scheduled_for < %(restart)s AND o.state = %(missed)s),
+           count(*) FILTER (WHERE o.scheduled_for >= %(restart)s AND {ran_late}),
+           count(*) FILTER (WHERE o.scheduled_for >= %(restart)s AND o.state = %(missed)s)
     FROM occurrences_occurrence o
     LEFT JOIN occurrences_attempt a
         ON a.occurrence_id = o.id AND a.scheduled_for = o.scheduled_for AND a.attempt_no = 1
     WHERE o.tenant_id = %(tenant)s AND o.scheduled_for >= %(since)s
       AND o.scheduled_for < %(until)s
     GROUP BY o.schedule_id
-"""
+""".format(
+    ran_late="(a.started_at > o.scheduled_for + make_interval(secs => %(lateness)s)"
+    " OR (a.started_at IS NOT NULL AND o.lane = %(catchup_lane)s))"
+)
 
 
-def _policy_figures(
-    tenant_id: uuid.UUID, policy: str, limit: int, *, since: datetime, until: datetime
+def policy_figures(
+    tenant_id: uuid.UUID,
+    policy: str,
+    limit: int,
+    *,
+    since: datetime,
+    restart: datetime,
+    until: datetime,
 ) -> dict[str, int]:
-    """Instants of the outage: late runs expected (per schedule, the policy's allowance, at
-    most the outage's instants) and made; MISSED."""
+    """Per policy, over the instants due in [since, until): the late runs expected and made,
+    and the instants MISSED. An instant is late by what happened to it (MISSED, or its first
+    attempt started beyond the max lateness), not by when it fell due: one due a few seconds
+    before the restart may still run on time, and one due after it may be made late by the
+    recovery. Expected per schedule = min(the policy's allowance, its late instants);
+    `late_after_restart` counts the late instants due after the restart (on-time work the
+    recovery delayed: 0 when strict work is untouched)."""
     with connection.cursor() as cursor:
         cursor.execute(_LATE_RUNS, {
             "lateness": LATENESS_S, "missed": Occurrence.State.MISSED, "tenant": tenant_id,
-            "since": since, "until": until,
+            "since": since, "restart": restart, "until": until, "catchup_lane": Lane.CATCHUP,
         })  # fmt: skip
-        rows = cursor.fetchall()
-    instants = math.ceil((until - since).total_seconds() / 60)
-    allowed = min(late_runs_allowed(policy, limit), instants)
+        rows = [tuple(int(n) for n in row[1:]) for row in cursor.fetchall()]
+    allowed = late_runs_allowed(policy, limit)
+    expected = [min(allowed, sum(row)) for row in rows]
+    ran = [row[0] + row[2] for row in rows]
     return {
         "schedules": len(rows),
-        "expected": allowed * len(rows),
-        "ran": sum(int(r[1]) for r in rows),
-        "missed": sum(int(r[2]) for r in rows),
-        "schedules_off_policy": sum(1 for r in rows if int(r[1]) != allowed),
+        "expected": sum(expected),
+        "ran": sum(ran),
+        "missed": sum(row[1] + row[3] for row in rows),
+        "ran_outage_instants": sum(row[0] for row in rows),
+        "late_after_restart": sum(row[2] + row[3] for row in rows),
+        "schedules_off_policy": sum(1 for e, r in zip(expected, ran, strict=True) if e != r),
     }
 
 
@@ -143,10 +162,9 @@ def bench_outage(plan: OutagePlan, say: Say) -> OutageReport:
         report.restart_at = restart.isoformat()
         say("restarted")
         cutoff = restart - timedelta(seconds=LATENESS_S)
-        # The outage's instants: due after the first one and before the restart (those of
-        # its last 20 s may still run on time, or become late before they are claimed).
+        # The outage's instants: due after the first one; whether each was late is read
+        # from what happened to it (policy_figures).
         late_since = first + timedelta(minutes=1)
-        late_until = restart
         finished = _wait_until(
             lambda: _outage_finished(stack.tenant_ids, cutoff),
             restart + timedelta(seconds=plan.after_s + 600),
@@ -157,8 +175,13 @@ def bench_outage(plan: OutagePlan, say: Say) -> OutageReport:
         watch_until = restart + timedelta(seconds=plan.after_s)
         time.sleep(max(0.0, (watch_until - timezone.now()).total_seconds()) + 15)
         for name, policy, limit in POLICIES:
-            report.policies[name] = _policy_figures(
-                tenants[name], policy, limit, since=late_since, until=late_until
+            report.policies[name] = policy_figures(
+                tenants[name],
+                policy,
+                limit,
+                since=late_since,
+                restart=restart,
+                until=watch_until,
             )
         bystander = list(
             Occurrence.objects.filter(

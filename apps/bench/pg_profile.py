@@ -55,6 +55,10 @@ _PHASE_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
     for phase, pattern in (
         (Phase.BENCH, r"bench_received|pg_stat_|pg_partition_tree|pg_current_wal_lsn"),
         (Phase.LEASES, r"occurrences_shardlease|occurrences_leasemember"),
+        # The completion's lease check; the claim's tenant/schedule locks and its count of
+        # the tenant's open attempts (only the execution path takes advisory locks).
+        (Phase.COMPLETE, r"^\s*select \$1 from occurrences_attempt where id"),
+        (Phase.CLAIM, r"pg_advisory_xact_lock|from occurrences_attempt where tenant_id"),
         (Phase.CLAIM, r"insert into occurrences_attempt|occurrences_tenantactivity"),
         (Phase.COMPLETE, r"update occurrences_attempt"),
         (Phase.MATERIALIZE, r"from schedules_schedule|update schedules_schedule|"

@@ -29,6 +29,8 @@ WORKER_KIND = "worker"
 WORKER_POOL_KIND = "worker_pool"
 # Celery logs "<hostname> ready." once a worker consumes.
 WORKER_READY_MARK = b" ready."
+# application_name of the bench processes' database connections: this prefix + their kind.
+BACKEND_APP_PREFIX = "tick-bench-"
 STOP_GRACE_S = 20.0
 
 
@@ -141,6 +143,33 @@ def postgresql_cpu_s() -> float:
     return sum(tree_cpu_s(p) for p in service_roots("postgres", "postmaster"))
 
 
+def backend_cpu() -> dict[int, tuple[str, float]]:
+    """Per backend pid: the kind of bench process it serves (its `application_name`,
+    BenchProcesses._start) and its CPU seconds so far. Take the difference of two readings
+    per pid (`backend_cpu_diff`): the processes keep their connections (CONN_MAX_AGE)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pid, application_name FROM pg_stat_activity WHERE application_name LIKE %s",
+            [f"{BACKEND_APP_PREFIX}%"],
+        )
+        rows = cursor.fetchall()
+    return {
+        int(pid): (str(name)[len(BACKEND_APP_PREFIX) :], proc_cpu_s(int(pid))) for pid, name in rows
+    }
+
+
+def backend_cpu_diff(
+    before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]
+) -> dict[str, float]:
+    """CPU seconds per kind between two `backend_cpu` readings; a backend that ended in
+    between is lost, one that started counts from its start."""
+    cpu: dict[str, float] = {}
+    for pid, (kind, seconds) in after.items():
+        earlier = before.get(pid, (kind, 0.0))[1]
+        cpu[kind] = round(cpu.get(kind, 0.0) + max(0.0, seconds - earlier), 3)
+    return cpu
+
+
 def services_cpu() -> dict[str, float]:
     """CPU seconds PostgreSQL and RabbitMQ have used so far (take the difference): each
     service's whole process tree, so backends that exit during a run still count
@@ -169,11 +198,11 @@ def delete_topology(broker_url: str, prefix: str) -> None:
     cleaner.close()
 
 
-def worker_argv(hostname: str, concurrency: int) -> list[str]:
+def worker_argv(hostname: str, concurrency: int, *, app: str = "tickweb") -> list[str]:
     """A Celery worker as the Procfile runs it, without gossip, mingle and heartbeats, which
     would talk to every other worker on the broker."""
     return [
-        sys.executable, "-m", "celery", "-A", "tickweb", "worker", "--loglevel", "INFO",
+        sys.executable, "-m", "celery", "-A", app, "worker", "--loglevel", "INFO",
         "--concurrency", str(concurrency), "--hostname", f"{hostname}@%h",
         "--without-gossip", "--without-mingle", "--without-heartbeat",
     ]  # fmt: skip
@@ -191,8 +220,11 @@ class BenchProcesses:
 
     def _start(self, name: str, kind: str, argv: list[str]) -> None:
         # Registered as soon as it runs, so that `stop` ends it even if the next start fails.
+        # libpq names its connections after the kind, so the server's backends can be
+        # counted per kind (`backend_cpu_by_kind`).
+        env = {**self.env, "PGAPPNAME": f"{BACKEND_APP_PREFIX}{kind}"}
         self.procs[name] = subprocess.Popen(  # noqa: S603 - fixed argv: this interpreter
-            argv, cwd=ROOT, env=self.env, stdout=subprocess.DEVNULL,
+            argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
             stderr=(self.logs / f"{name}.log").open("wb"),
         )  # fmt: skip
         self.kinds[name] = kind
@@ -205,10 +237,15 @@ class BenchProcesses:
             name = command if count == 1 else f"{command}-{n}"
             self._start(name, command, [sys.executable, "manage.py", command])
 
-    def start_workers(self, workers: int, concurrency: int) -> None:
+    def start_workers(
+        self, workers: int, concurrency: int, *, app: str = "tickweb", queues: str | None = None
+    ) -> None:
+        """W Celery workers of C slots; `app` and `queues` for a worker of another app (the
+        bare-Celery floor, bench/bare_celery.py)."""
         for n in range(1, workers + 1):
             name = f"{WORKER_KIND}-{n}"
-            self._start(name, WORKER_KIND, worker_argv(f"{self.prefix}-{name}", concurrency))
+            argv = worker_argv(f"{self.prefix}-{name}", concurrency, app=app)
+            self._start(name, WORKER_KIND, argv + (["--queues", queues] if queues else []))
 
     def _worker_names(self) -> list[str]:
         return [name for name, kind in self.kinds.items() if kind == WORKER_KIND]

@@ -45,7 +45,17 @@ from django.utils import timezone
 
 from apps.bench.burst import PIPELINE_COMMANDS
 from apps.bench.consumer import OccurrenceConsumer
+from apps.bench.execution_path import (
+    EXECUTION_HANDLER,
+    BareCeleryFloor,
+    ExecutionWork,
+    bare_celery_floor,
+    stored_execution,
+    unfinished_count,
+    worker_tree_cpu,
+)
 from apps.bench.fixtures import (
+    BENCH_HANDLER,
     ScheduleBatch,
     bench_tenants,
     bench_tenants_delete,
@@ -56,7 +66,10 @@ from apps.bench.fixtures import (
 from apps.bench.floor import DELIVERY_PHASES, FloorReport, bench_floor
 from apps.bench.pg_profile import Profile, profile_read, profile_reset
 from apps.bench.processes import (
+    WORKER_KIND,
     BenchProcesses,
+    backend_cpu,
+    backend_cpu_diff,
     declare_topology,
     delete_topology,
     proc_cpu_s,
@@ -131,7 +144,11 @@ class SpreadPlan:
 
 
 def _load_schedules(
-    plan: SpreadPlan, tenant_ids: list[uuid.UUID], first: datetime, say: Callable[[str], object]
+    plan: SpreadPlan,
+    tenant_ids: list[uuid.UUID],
+    first: datetime,
+    say: Callable[[str], object],
+    handler: str = BENCH_HANDLER,
 ) -> None:
     """COPY the plan's schedules, each with its first instant at or after `first`."""
     say(f"loading {plan.schedule_count:,} schedules from {first.isoformat()}…")
@@ -148,14 +165,15 @@ def _load_schedules(
                 assert found is not None  # every rule here fires within 5 minutes
                 firsts[expression] = found
                 definitions[expression] = cron_definition(
-                    expression, precision=planned.precision, window_s=planned.window_s
-                )
+                    expression, precision=planned.precision, window_s=planned.window_s,
+                    handler=handler,
+                )  # fmt: skip
             sid, tenant = uuid.uuid4(), tenant_ids[planned.tenant]
             batch.add_schedule(
                 sid, tenant, expression=expression, time_zone="UTC",
                 precision=planned.precision, flexible_window_s=planned.window_s,
                 next_run_at=firsts[expression], created_at=now,
-                definition=definitions[expression],
+                definition=definitions[expression], handler=handler,
             )  # fmt: skip
             batch.add_created_event(sid, tenant, now)
             chunk += 1
@@ -332,6 +350,8 @@ class Reading:
     occurrence_bytes: int
     outbox_bytes: int
     partitions: set[str]
+    # Per backend of a bench process: its kind and CPU seconds (processes.backend_cpu).
+    backends: dict[int, tuple[str, float]] = field(default_factory=dict)
 
 
 def _relation_bytes(cursor: Any, table: str) -> int:
@@ -347,7 +367,9 @@ def take_reading(procs: BenchProcesses) -> Reading:
     cpu = services_cpu()
     for name, proc in procs.procs.items():
         kind = procs.kinds[name]
-        cpu[kind] = cpu.get(kind, 0.0) + proc_cpu_s(proc.pid)
+        if kind != WORKER_KIND:
+            cpu[kind] = cpu.get(kind, 0.0) + proc_cpu_s(proc.pid)
+    cpu.update(worker_tree_cpu(procs) if WORKER_KIND in procs.kinds.values() else {})
     cpu[BENCH_KIND] = proc_cpu_s(os.getpid())  # the consumer thread included
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_current_wal_lsn()::text")
@@ -356,7 +378,7 @@ def take_reading(procs: BenchProcesses) -> Reading:
         occurrence_bytes = _relation_bytes(cursor, OCCURRENCE_TABLE)
         outbox_bytes = _relation_bytes(cursor, OUTBOX_TABLE)
     names = {name for table in PARTITIONED_TABLES for name in existing_partitions(table).values()}
-    return Reading(cpu, lsn, occurrence_bytes, outbox_bytes, names)
+    return Reading(cpu, lsn, occurrence_bytes, outbox_bytes, names, backend_cpu())
 
 
 def _wal_bytes(before: str, after: str) -> int:
@@ -526,6 +548,7 @@ class SustainedReport:
     held: bool
     not_held_because: list[str]
     per_minute_rows: list[MinuteRow] = field(default_factory=list)
+    execution: ExecutionWork | None = None
 
     def lines(self) -> list[str]:
         out = [
@@ -558,6 +581,8 @@ class SustainedReport:
                                       else ""),
         ]  # fmt: skip
         out += self.pg_work.lines()
+        if self.execution is not None:
+            out += self.execution.lines()
         out += self.profile.lines()
         if self.floor is not None:
             out += self.floor.lines()
@@ -640,14 +665,15 @@ def _check_running(procs: BenchProcesses) -> None:
 
 def _measure(
     procs: BenchProcesses, start: datetime, minutes: int, say: Callable[[str], object]
-) -> tuple[list[MinuteSamples], Profile]:
+) -> tuple[list[MinuteSamples], Profile, dict[str, float]]:
     """Readings at each minute boundary and outbox depth every SAMPLE_EVERY_S between; the
-    PostgreSQL profile (pg_profile) of the measured minutes."""
+    PostgreSQL profile (pg_profile) of the measured minutes and the CPU of the backends
+    serving each process kind over them."""
     while timezone.now() < start:  # the warm-up
         _check_running(procs)
         time.sleep(min(1.0, max(0.0, (start - timezone.now()).total_seconds())))
     profile_reset()
-    before = take_reading(procs)
+    before = first = take_reading(procs)
     samples = []
     for n in range(1, minutes + 1):
         boundary = start + timedelta(minutes=n)
@@ -662,7 +688,7 @@ def _measure(
         )
         say(f"minute {n}/{minutes} done; outbox {depths[-1] if depths else '-'}")
         before = after
-    return samples, profile_read()
+    return samples, profile_read(), backend_cpu_diff(first.backends, before.backends)
 
 
 def _drain(tenant_ids: list[uuid.UUID], start: datetime, end: datetime) -> None:
@@ -683,6 +709,26 @@ def _drain(tenant_ids: list[uuid.UUID], start: datetime, end: datetime) -> None:
     time.sleep(2.0)  # let the consumer take the last messages (and late duplicates, if any)
 
 
+def _drain_execution(tenant_ids: list[uuid.UUID], start: datetime, end: datetime) -> None:
+    """Until every row of the window is finished (executed), or DRAIN_S."""
+    deadline = time.monotonic() + DRAIN_S
+    lo = start - timedelta(seconds=FLEXIBLE_WINDOW_S)
+    while time.monotonic() < deadline and unfinished_count(tenant_ids, start, end, lo=lo):
+        time.sleep(1.0)
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    """W Celery workers of C slots executing every occurrence (`noop`); 0 workers: an
+    independent consumer takes the messages instead (delivery only). `bare_tasks` tasks of
+    bare Celery afterwards, over `bare_s` seconds (0: no bare floor)."""
+
+    workers: int = 0
+    concurrency: int = 2
+    bare_tasks: int = 0
+    bare_s: float = 60.0
+
+
 def bench_sustained(
     *,
     per_minute: int,
@@ -694,9 +740,12 @@ def bench_sustained(
     lead_s: float = 90.0,
     warmup_minutes: int = 0,
     floor: bool = True,
+    execution: WorkerPlan | None = None,
     log: Callable[[str], object] | None = None,
 ) -> SustainedReport:
     say = log or (lambda message: None)
+    execution = execution or WorkerPlan()
+    executing = execution.workers > 0
     # Before anything else runs: the floor's figures are this server's, unloaded.
     floor_report = bench_floor(log=say) if floor else None
     plan = SpreadPlan(per_minute, flexible_share, tenants)
@@ -712,34 +761,57 @@ def bench_sustained(
         # Flexible rows reach a steady rate per minute of available_at only one window
         # after the first instant: `warmup_minutes` 5 measures from there.
         start = first + timedelta(minutes=warmup_minutes)
-        _load_schedules(plan, tenant_ids, first, say)
+        handler = EXECUTION_HANDLER if executing else BENCH_HANDLER
+        _load_schedules(plan, tenant_ids, first, say, handler)
         if timezone.now() > first - timedelta(seconds=15):
             raise RuntimeError("loading ended too close to the first instant: raise the lead")
         declare_topology(broker_url, prefix)
-        consumer.start()
-        consumer.ready.wait(10)
+        if executing:
+            procs.start_workers(execution.workers, execution.concurrency)
+        else:
+            consumer.start()
+            consumer.ready.wait(10)
         for command, count in zip(PIPELINE_COMMANDS, (materializers, relays), strict=True):
             procs.start_command(command, count)
         say(
-            f"{materializers} materializer(s), {relays} relay(s) started (logs in {logs}); "
-            f"measuring {minutes} min from {start.isoformat()}"
+            f"{materializers} materializer(s), {relays} relay(s), {execution.workers} "
+            f"worker(s) started (logs in {logs}); measuring {minutes} min from "
+            f"{start.isoformat()}"
         )
         end = start + timedelta(minutes=minutes)
-        samples, profile = _measure(procs, start, minutes, say)
-        _drain(tenant_ids, start, end)
+        samples, profile, backends = _measure(procs, start, minutes, say)
+        if executing:
+            _drain_execution(tenant_ids, start, end)
+        else:
+            _drain(tenant_ids, start, end)
         procs.stop()
         consumer.stop()
+        bare = None
+        if executing and execution.bare_tasks:
+            bare = bare_celery_floor(
+                broker_url=broker_url, logs=logs, workers=execution.workers,
+                concurrency=execution.concurrency, tasks=execution.bare_tasks,
+                seconds=execution.bare_s, say=say,
+            )  # fmt: skip
         say("reconciling…")
         counts = _reconcile_tenants(tenant_ids, start, end)
-        consumer_missing, duplicates = consumer_check(tenant_ids, start, end, consumer.path)
+        consumer_missing, duplicates = (
+            (0, 0) if executing else consumer_check(tenant_ids, start, end, consumer.path)
+        )
         figures = stored_figures(tenant_ids, start, end)
-        return _report(
+        report = _report(
             plan, figures, samples, start=start, minutes=minutes, warmup_minutes=warmup_minutes,
             materializers=materializers,
             relays=relays, counts=counts, consumer_missing=consumer_missing,
             duplicates=duplicates, received=consumer.received_count, profile=profile,
             floor=floor_report,
         )  # fmt: skip
+        if executing:
+            report.execution = _execution_work(
+                execution, tenant_ids, start, end, minutes=minutes, report=report,
+                backends=backends, bare=bare,
+            )  # fmt: skip
+        return report
     finally:
         procs.stop()
         consumer.stop()
@@ -747,6 +819,21 @@ def bench_sustained(
         bench_tenants_delete(tenant_ids)
         delete_topology(broker_url, prefix)
         (logs / "received.txt").unlink(missing_ok=True)
+
+
+def _execution_work(
+    execution: WorkerPlan, tenant_ids: list[uuid.UUID], start: datetime, end: datetime, *,
+    minutes: int, report: SustainedReport, backends: dict[str, float],
+    bare: BareCeleryFloor | None,
+) -> ExecutionWork:  # fmt: skip
+    stored = stored_execution(
+        tenant_ids, start, end, lo=start - timedelta(seconds=FLEXIBLE_WINDOW_S)
+    )
+    return ExecutionWork.of(
+        workers=execution.workers, concurrency=execution.concurrency, stored=stored,
+        minutes=minutes, backend_cpu_s=backends, cpu_s=report.cpu_s, profile=report.profile,
+        bare=bare,
+    )  # fmt: skip
 
 
 def _report(

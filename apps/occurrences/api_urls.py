@@ -1,6 +1,6 @@
-from django.urls import path
+from django.urls import include, path
 
-from apps.occurrences import alerts_api, api
+from apps.occurrences import api
 
 urlpatterns = [
     path("occurrences", api.OccurrenceList.as_view(), name="occurrence-list"),
@@ -19,28 +19,6 @@ urlpatterns = [
     path(
         "occurrences/<uuid:occurrence_id>", api.OccurrenceDetail.as_view(), name="occurrence-detail"
     ),
-]
-
-urlpatterns += [
-    path("alert-channels", alerts_api.AlertChannelListCreate.as_view(), name="alert-channel-list"),
-    path(
-        "alert-channels/<uuid:channel_id>",
-        alerts_api.AlertChannelDetail.as_view(),
-        name="alert-channel-detail",
-    ),
-    path(
-        "alert-channels/<uuid:channel_id>/test",
-        alerts_api.AlertChannelTest.as_view(),
-        name="alert-channel-test",
-    ),
-    path(
-        "alert-channels/<uuid:channel_id>/confirmation",
-        alerts_api.AlertChannelConfirmation.as_view(),
-        name="alert-channel-confirmation",
-    ),
-    path("alert-rules", alerts_api.AlertRuleListCreate.as_view(), name="alert-rule-list"),
-    path(
-        "alert-rules/<uuid:rule_id>", alerts_api.AlertRuleDetail.as_view(), name="alert-rule-detail"
-    ),
-    path("alerts", alerts_api.AlertList.as_view(), name="alert-list"),
+    # The alert API (apps/occurrences/alerts/api_urls.py), the same paths as ever.
+    path("", include("apps.occurrences.alerts.api_urls")),
 ]

@@ -97,3 +97,18 @@ def test_the_profile_counts_updates_and_wal_since_its_reset():
     assert report.occurrences == 100
     lines = Profile(after.statements_available, after.statements, after.tables, after.wal).lines()
     assert lines[0].startswith("  WAL: ")
+
+
+def test_execution_statements_are_counted_in_claim_and_complete():
+    # The claim's locks and its count of the tenant's open attempts, the completion's lease
+    # check: without these patterns they fell into "other" and the split of the workers'
+    # backend CPU between claim and complete missed them.
+    assert phase_of("SELECT pg_advisory_xact_lock($1, $2)") == Phase.CLAIM
+    assert (
+        phase_of("SELECT count(*) FROM occurrences_attempt WHERE tenant_id = $1::uuid")
+        == Phase.CLAIM
+    )
+    assert (
+        phase_of("SELECT $1 FROM occurrences_attempt WHERE id = $2::uuid AND lease_token = $3")
+        == Phase.COMPLETE
+    )

@@ -245,3 +245,30 @@ def test_the_summary_takes_the_worst_minute_sums_cpu_and_counts_audit_findings()
     assert not report.held
     assert report.not_held_because == ["2 unexpected (reconcile)", "1 enqueued but never received"]
     assert report_json(report).startswith("{") and "  held: False" in "\n".join(report.lines())
+
+
+def test_execution_work_splits_the_workers_backends_by_statement_time():
+    from apps.bench.execution_path import (
+        BareCeleryFloor,
+        ExecutionWork,
+        StoredExecution,
+    )
+    from apps.bench.pg_profile import Phase, Profile, StatementFigures
+
+    def statement(phase: str, total_ms: float) -> StatementFigures:
+        return StatementFigures("q", phase, 1, total_ms, total_ms, 1, 0, 0)
+
+    profile = Profile(True, [statement(Phase.CLAIM, 300.0), statement(Phase.COMPLETE, 100.0)])
+    stored = StoredExecution(executed_per_minute={"2026-01-04T00:00:00+00:00": 1000})
+    bare = BareCeleryFloor(1, 2, 1000, 1000, 60.0, {}, cpu_us_per_task=500.0)
+    work = ExecutionWork.of(
+        workers=1, concurrency=2, stored=stored, minutes=1, profile=profile, bare=bare,
+        backend_cpu_s={"materialize": 0.05, "relay": 0.02, "worker": 0.4},
+        cpu_s={"postgresql": 0.6, "worker_pool": 0.4, "rabbitmq": 0.1, "bench": 9.0},
+    )  # fmt: skip
+    phases = work.pg_us_per_phase
+    assert (phases["materialize"], phases["relay"]) == (50.0, 20.0)
+    assert (phases["claim"], phases["complete"], phases["claim+complete"]) == (300.0, 100.0, 400.0)
+    assert phases["rest of the server"] == 130.0 and phases["all"] == 600.0
+    # The bench process itself is not Tick's cost.
+    assert work.tick_cpu_us == 1100.0 and work.ratio_to_bare == 2.2

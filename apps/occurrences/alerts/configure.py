@@ -20,8 +20,7 @@ from apps.occurrences.alerts.confirm import (
     needs_confirmation,
     refuse_unconfirmed,
 )
-from apps.occurrences.execution.ssrf import SSRFRefused, check_url
-from apps.occurrences.execution.webhook import allowlist
+from apps.occurrences.execution.egress import url_refusal
 from apps.occurrences.models import (
     LAG_EVENTS,
     RULE_EVENTS,
@@ -74,11 +73,8 @@ def channel_target_errors(
     if kind == AlertChannel.Kind.EMAIL:
         return email_address_errors(target)
     if kind == AlertChannel.Kind.WEBHOOK:
-        try:
-            check_url(target, allowlist=allowlist(), extra_ports=extra_ports)
-        except SSRFRefused as exc:
-            return [str(exc)]
-        return []
+        refusal = url_refusal(target, extra_ports=extra_ports)
+        return [] if refusal is None else [refusal]
     return [f"Choose one of: {', '.join(AlertChannel.Kind.values)}."]
 
 

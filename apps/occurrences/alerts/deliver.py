@@ -31,10 +31,9 @@ from django.db import connection, transaction
 from django.db.models import Count
 from django.utils import timezone
 
-from apps.occurrences.execution.egress import egress_deadline_s
+from apps.occurrences.execution.egress import egress_deadline_s, webhook_post
 from apps.occurrences.execution.handlers import PermanentError, TransientError
 from apps.occurrences.execution.locks import ALERT_SENDS_LOCK, advisory_lock
-from apps.occurrences.execution.webhook import webhook_post
 from apps.occurrences.models import Alert, AlertChannel, AlertDelivery, AlertEvent
 from apps.tenants.models import Tenant
 

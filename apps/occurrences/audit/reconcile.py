@@ -38,6 +38,12 @@ snapshot so a relay or materializer committing meanwhile cannot fake a stranded 
    (**late_run_skip**), one under FIRE_ONCE (**late_runs_fire_once**), `catchup_limit`
    under CATCHUP (**late_runs_catchup**). Instants only counted in a `missed` event (no row)
    are not seen: the check can under-count, never invent a breach.
+   The other way round, an instant given up though the policy let it run: a MISSED instant
+   of a FIRE_ONCE or CATCHUP schedule with fewer later late instants (MISSED, in the
+   catch-up lane, or still open and late) than the policy lets run (**late_runs_too_few**).
+   Judged only where the count is complete: an instant of the schedule's current version, the
+   schedule ACTIVE with its materializer frontier past the lateness cutoff, and no later
+   instant CANCELED or SUPERSEDED.
 
 The rules, and why each is sound, are written down in docs/operations.md ("Reconciliation").
 """
@@ -51,7 +57,7 @@ import time
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -65,7 +71,12 @@ from apps.schedules.models import Schedule, ScheduleEvent
 
 STUCK = ("stuck_enqueued", "stuck_scheduled", "stuck_running", "unmaterialized")
 # Runs that broke their schedule's misfire policy (step 6).
-POLICY_BREACHES = ("late_run_skip", "late_runs_fire_once", "late_runs_catchup")
+POLICY_BREACHES = (
+    "late_run_skip",
+    "late_runs_fire_once",
+    "late_runs_catchup",
+    "late_runs_too_few",
+)
 FAILING = ("missing", "unexpected", "stranded", *STUCK, *POLICY_BREACHES)
 SAMPLE_LIMIT = 20
 
@@ -726,6 +737,43 @@ _POLICY_BREACH_SQL = """
     )
     ORDER BY r.scheduled_for, r.id
 """
+# A MISSED instant the policy let run (step 6, the other way round). The later late instants
+# are counted as misfire.py counts them when it judges (MISSED, catch-up lane, open and late),
+# so the judge's "rank > allowed" leaves at least `allowed` of them for the audit to find.
+# Only where that count is complete and the policy known: an instant of the schedule's
+# current version (an update may change the policy), the schedule still ACTIVE (a pause or a
+# cancel stops the instants it had counted unwritten), its frontier past the cutoff (none
+# left unwritten), and no later instant withdrawn by a change or a cancel.
+_TOO_FEW_SQL = """
+    SELECT o.id, o.schedule_id, o.schedule_version, o.scheduled_for, s.misfire_policy,
+           count(*) OVER ()
+    FROM occurrences_occurrence o
+    JOIN schedules_schedule s ON s.id = o.schedule_id
+    WHERE o.scheduled_for >= %(start)s AND o.scheduled_for < %(end)s {tenant}
+      AND o.state = %(missed)s AND o.origin = %(scheduled_origin)s
+      AND s.misfire_policy IN (%(fire_once)s, %(catchup_policy)s)
+      AND o.schedule_version = s.version AND s.state = %(active)s
+      AND s.next_run_at >= %(now)s - make_interval(secs => s.max_lateness_s)
+      AND NOT EXISTS (
+          SELECT 1 FROM occurrences_occurrence w
+          WHERE w.schedule_id = o.schedule_id AND w.scheduled_for > o.scheduled_for
+            AND w.state IN (%(canceled)s, %(superseded)s)
+      )
+      AND CASE s.misfire_policy WHEN %(fire_once)s THEN 1 ELSE s.catchup_limit END > (
+          SELECT count(*) FROM (
+              SELECT 1 FROM occurrences_occurrence y
+              WHERE y.schedule_id = o.schedule_id AND y.scheduled_for > o.scheduled_for
+                AND y.origin = %(scheduled_origin)s
+                AND y.scheduled_for < %(now)s - make_interval(secs => s.max_lateness_s)
+                AND (y.state = %(missed)s OR y.lane = %(catchup_lane)s
+                     OR (y.state IN (%(scheduled)s, %(enqueued)s) AND y.attempt_count = 0
+                         AND y.available_at
+                             < %(now)s - make_interval(secs => s.max_lateness_s)))
+              LIMIT CASE s.misfire_policy WHEN %(fire_once)s THEN 1 ELSE s.catchup_limit END
+          ) later
+      )
+    ORDER BY o.scheduled_for, o.id
+"""
 _BREACH_CLASS = {
     Schedule.MisfirePolicy.SKIP: "late_run_skip",
     Schedule.MisfirePolicy.FIRE_ONCE: "late_runs_fire_once",
@@ -750,8 +798,20 @@ def _audit_misfire(report: ReconcileReport, *, tenant_id: uuid.UUID | None) -> N
     with connection.cursor() as cursor:
         cursor.execute(_POLICY_BREACH_SQL.format(tenant=tenant), params)
         for occ_id, sid, version, at, policy, count in cursor.fetchall():
-            kind = _BREACH_CLASS.get(policy, "late_run_skip")
-            report.counts[kind] = int(count)
-            bucket = report.samples[kind]
-            if len(bucket) < SAMPLE_LIMIT:
-                bucket.append(Finding(kind, str(sid), version, at.isoformat(), str(occ_id), policy))
+            found = Finding("", str(sid), version, at.isoformat(), str(occ_id), policy)
+            _breach(report, _BREACH_CLASS.get(policy, "late_run_skip"), count, found)
+        cursor.execute(_TOO_FEW_SQL.format(tenant=tenant), {
+            **params, "now": report.now, "active": Schedule.State.ACTIVE,
+            "canceled": Occurrence.State.CANCELED, "superseded": Occurrence.State.SUPERSEDED,
+            "scheduled": Occurrence.State.SCHEDULED, "enqueued": Occurrence.State.ENQUEUED,
+        })  # fmt: skip
+        for occ_id, sid, version, at, policy, count in cursor.fetchall():
+            found = Finding("", str(sid), version, at.isoformat(), str(occ_id), policy)
+            _breach(report, "late_runs_too_few", count, found)
+
+
+def _breach(report: ReconcileReport, kind: str, count: int, finding: Finding) -> None:
+    report.counts[kind] = int(count)
+    bucket = report.samples[kind]
+    if len(bucket) < SAMPLE_LIMIT:
+        bucket.append(replace(finding, kind=kind))

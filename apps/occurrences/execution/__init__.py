@@ -11,8 +11,10 @@ locks.py      advisory locks, their order, the overlap lookback
 requeue.py    one occurrence back through the outbox's retry lane
 registry.py   every handler by name, with its payload validator
 handlers.py   the handler contract (context, errors) and the demo handlers
-webhook.py, ssrf.py  the webhook handler and its connect-time guard
-egress.py     every outbound HTTP call (handler and alert webhooks) under one total deadline
+webhook.py    the webhook handler: payload and header checks, the run context
+egress.py     every outbound HTTP call (handler and alert webhooks): the URL check, signing,
+              the POST under one total deadline, what a status means
+ssrf.py       the address rules egress.py's guard applies (resolve once, check, connect)
 tasks.py, worker_consumer.py  the Celery entry points
 
 Each module's docstring holds its part of the lock story; every step may run concurrently

@@ -373,10 +373,13 @@ def deferral_delay_s(
     return min(DEFERRAL_CAP_S, delay)
 
 
-# Live attempts of one tenant (presence.LIVE_ATTEMPT) beside all its open ones.
-# The tenant's live attempts (presence.LIVE_ATTEMPT): asked only by a claim at its share.
+# The tenant's live attempts (presence.LIVE_ATTEMPT), and of them the on-time ones (a first
+# attempt outside the catch-up lane): asked only by a claim at its share.
 _TENANT_LIVE = f"""
-    SELECT count(*) FROM occurrences_attempt a
+    SELECT count(*),
+           count(*) FILTER (WHERE a.attempt_no = 1 AND o.lane <> %(catchup_lane)s)
+    FROM occurrences_attempt a
+    JOIN occurrences_occurrence o ON o.id = a.occurrence_id AND o.scheduled_for = a.scheduled_for
     WHERE a.tenant_id = %(tenant)s AND {LIVE_ATTEMPT}
 """
 
@@ -397,9 +400,13 @@ def _quota_verdict(cursor: CursorWrapper, row: _ClaimRow, now: datetime) -> Clai
     # Asked only at the guaranteed share (a claim under it, the common case, skips both
     # reads); the snapshot is cached per process, so under the lock it costs a query at most
     # once a second.
-    elif share is not None and running >= share and _held_to_share(cursor, row.tenant_id, share):
+    elif (
+        share is not None
+        and running >= share
+        and _held_to_share(cursor, row.tenant_id, share, on_time=_on_time(row))
+    ):
         delayed = metrics.fair_share_delays
-    elif (row.lane == Lane.CATCHUP or row.attempt_count) and _recovery_full(cursor):
+    elif not _on_time(row) and _recovery_full(cursor):
         delayed = metrics.strict_reserve_delays
     else:
         return None
@@ -443,20 +450,30 @@ def _recovery_full(cursor: CursorWrapper) -> bool:
     return (int(found[0]) if found else 0) >= recovery_slot_limit(capacity)
 
 
-def _held_to_share(cursor: CursorWrapper, tenant_id: uuid.UUID, share: int) -> bool:
+def _on_time(row: _ClaimRow) -> bool:
+    """An on-time claim: a first attempt outside the catch-up lane (presence.py, step 6)."""
+    return row.lane != Lane.CATCHUP and not row.attempt_count
+
+
+def _held_to_share(
+    cursor: CursorWrapper, tenant_id: uuid.UUID, share: int, *, on_time: bool
+) -> bool:
     """Whether the tenant's live attempts reach its guaranteed `share` and its fair limit
-    while another tenant has work waiting (presence.py, step 4)."""
+    while another tenant has work waiting (presence.py, step 4); an on-time claim counts and
+    answers to on-time work only (step 6)."""
     capacity = live_capacity()
     if capacity is None:
         return False
     cursor.execute(_TENANT_LIVE, {
         "tenant": tenant_id, "presence_ttl_s": settings.TICK_WORKER_PRESENCE_TTL_S,
+        "catchup_lane": Lane.CATCHUP,
     })  # fmt: skip
     found = cursor.fetchone()
-    live = int(found[0]) if found else 0
+    live = (int(found[1]) if on_time else int(found[0])) if found else 0
     if live < share:
         return False
-    limit = fair_limit(tenant_id, capacity, contention())
+    snapshot = contention()
+    limit = fair_limit(tenant_id, capacity, snapshot.on_time() if on_time else snapshot)
     return limit is not None and live >= limit
 
 

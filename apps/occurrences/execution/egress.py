@@ -12,8 +12,13 @@ calling worker slot for as long as it likes. So each call gets a `CallDeadline`:
   once, whatever the receiver does, and the call fails with `EgressDeadlineExceeded`
   (transient). A call not finished by its deadline failed, even if some bytes came back.
 The SSRF guard (ssrf.py) runs inside the same deadline: resolve once, check every address,
-connect to the checked one. Callers: webhook.py (signing, the status's meaning), and through
-it the webhook handler and alert delivery (docs/security.md, "Outbound calls").
+connect to the checked one.
+
+This is the one module for outbound HTTP (docs/security.md, "Outbound calls"): the URL check
+before any lookup (`url_refusal`, at configuration time), the signed POST (`webhook_post`:
+signing under the tenant's secrets, the SSRF guard, the deadline) and what a status means
+(`classify_response`, `retry_after_s`). Its callers: the webhook handler (webhook.py) and
+alert delivery (apps/occurrences/alerts/); neither touches ssrf.py or the signing itself.
 """
 
 from __future__ import annotations
@@ -22,25 +27,41 @@ import socket
 import ssl
 import threading
 import time
+import uuid
 from collections.abc import Collection
 from dataclasses import dataclass
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 from types import TracebackType
 from typing import Any
 
 import urllib3
 from django.conf import settings
+from django.utils import timezone
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.exceptions import HTTPError as Urllib3Error
 from urllib3.exceptions import SSLError as Urllib3SSLError
 
 from apps.occurrences.execution.handlers import PermanentError, TransientError
-from apps.occurrences.execution.ssrf import Allowlist, ResolvedTarget, SSRFRefused, resolve_target
+from apps.occurrences.execution.ssrf import (
+    Allowlist,
+    ResolvedTarget,
+    SSRFRefused,
+    check_url,
+    resolve_target,
+)
 from apps.occurrences.observability import metrics
+from apps.tenants.errors import SigningUnavailable
+from apps.tenants.models import Tenant
+from apps.tenants.signing import webhook_signature_headers
 
 # How often the watchdog looks at the caller's cancel event (the deadline itself is exact).
 CANCEL_POLL_S = 0.5
 # Bytes of the response body kept (for the error message); the rest is never read.
 SNIPPET_BYTES = 512
+USER_AGENT = "Tick-Webhook/1"
+# Statuses whose Retry-After is honoured (RFC 9110 also allows it on 3xx, never followed here).
+RETRY_AFTER_STATUSES = frozenset({429, 503})
 
 
 class EgressDeadlineExceeded(TransientError):
@@ -53,6 +74,29 @@ class EgressResponse:
     snippet: bytes  # the first SNIPPET_BYTES of the body
     location: str | None
     retry_after: str | None
+
+
+def allowlist() -> Allowlist:
+    return Allowlist.parse(settings.TICK_WEBHOOK_ALLOWLIST)
+
+
+def tenant_ports(tenant_id: uuid.UUID) -> frozenset[int]:
+    """The ports besides 80 and 443 the tenant's outbound calls may use, as stored now."""
+    ports = (
+        Tenant.objects.filter(id=tenant_id).values_list("webhook_allowed_ports", flat=True).first()
+    )
+    return frozenset(ports or ())
+
+
+def url_refusal(url: Any, *, extra_ports: Collection[int]) -> str | None:
+    """Why the SSRF guard refuses `url` before any DNS lookup (scheme, host, port, a literal
+    address), or None when it may be called; the connect-time guard still checks every
+    resolved address at each call."""
+    try:
+        check_url(url, allowlist=allowlist(), extra_ports=extra_ports)
+    except SSRFRefused as exc:
+        return str(exc)
+    return None
 
 
 def egress_deadline_s(run_limit_s: float | None = None) -> float:
@@ -280,3 +324,94 @@ def egress_post(
         location=response.headers.get("Location"),
         retry_after=response.headers.get("Retry-After"),
     )
+
+
+def webhook_post(
+    *,
+    url: str,
+    body: bytes,
+    headers: dict[str, str],
+    tenant_id: uuid.UUID,
+    message_id: str,
+    extra_ports: frozenset[int] | None = None,
+    run_limit_s: float | None = None,
+    cancel: threading.Event | None = None,
+) -> int:
+    """POST a JSON `body` to `url` through the SSRF guard (the resolved address is the one
+    connected to; ports 80/443 or the tenant's; no redirects, no proxies), signed with the
+    tenant's secrets under `message_id`; returns the 2xx status or raises
+    `PermanentError`/`TransientError`. Shared by the webhook handler and alert webhooks; the
+    whole call, DNS to last byte, within `TICK_EGRESS_DEADLINE_S` and `run_limit_s`, stopped
+    early when `cancel` is set (egress.py)."""
+    if extra_ports is None:
+        extra_ports = tenant_ports(tenant_id)
+    headers = {
+        **headers,
+        "Content-Type": "application/json",
+        "User-Agent": USER_AGENT,
+        **signed_headers(tenant_id=tenant_id, message_id=message_id, body=body),
+    }
+    response = egress_post(
+        url=url, body=body, headers=headers, allowlist=allowlist(), extra_ports=extra_ports,
+        deadline_s=egress_deadline_s(run_limit_s), cancel=cancel,
+    )  # fmt: skip
+    return classify_response(
+        response.status,
+        response.snippet,
+        location=response.location,
+        retry_after=response.retry_after,
+    )
+
+
+def signed_headers(*, tenant_id: uuid.UUID, message_id: str, body: bytes) -> dict[str, str]:
+    """The Standard Webhooks headers for `body`, the exact bytes sent: the id is the
+    occurrence id (or an alert's id; the same on every retry and redelivery), the signature
+    is made with each of the tenant's active secrets (docs/webhooks.md)."""
+    try:
+        return webhook_signature_headers(tenant_id=tenant_id, message_id=message_id, body=body)
+    except SigningUnavailable as exc:
+        # An operator's key configuration, not the receiver: retrying cannot help; replay
+        # from the DLQ once the key is restored.
+        raise PermanentError(f"webhook not signed: {exc}") from None
+
+
+def classify_response(
+    status: int, snippet: bytes, *, location: str | None = None, retry_after: str | None = None
+) -> int:
+    """Return `status` when it is a success, else raise the error of its class."""
+    text = snippet.decode(errors="replace")[:200]
+    if 200 <= status < 300:
+        return status
+    if status in (408, 429) or status >= 500:
+        wait_s = retry_after_s(retry_after) if status in RETRY_AFTER_STATUSES else None
+        asked = "" if wait_s is None else f" (Retry-After: {wait_s:.0f} s)"
+        raise TransientError(f"webhook answered HTTP {status}{asked}: {text}", retry_after_s=wait_s)
+    if 300 <= status < 400:
+        raise PermanentError(
+            f"webhook answered HTTP {status} (redirect to {location!r} not followed)"
+        )
+    raise PermanentError(f"webhook answered HTTP {status}: {text}")
+
+
+def retry_after_s(header: str | None, *, now: datetime | None = None) -> float | None:
+    """Seconds a `Retry-After` header asks to wait, or None when absent or malformed.
+
+    Delta-seconds or an HTTP-date (a date already past asks 0 s). Never negative, and never
+    more than TICK_RETRY_DEADLINE_S — no retry is scheduled later than that anyway, and a
+    huge value must not overflow the date arithmetic of the completion.
+    """
+    if header is None:
+        return None
+    value = header.strip()
+    longest_s = float(settings.TICK_RETRY_DEADLINE_S)
+    if value.isascii() and value.isdigit():
+        # A digit string too long to be a plausible wait is not parsed at all.
+        return min(float(value), longest_s) if len(value) <= 12 else longest_s
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    if when.tzinfo is None:  # "-0000" zone: HTTP-dates are GMT
+        when = when.replace(tzinfo=UTC)
+    wait_s = (when - (now or timezone.now())).total_seconds()
+    return min(max(wait_s, 0.0), longest_s)

@@ -30,6 +30,12 @@ claim's step c, claim.py; docs/decisions.md "No tenant can starve another").
    for on-time runs (`recovery_slot_limit`); beyond that its claim is deferred like an
    over-share one. Counted fresh under one advisory lock by each recovery claim (claim.py):
    live attempts only.
+6. On-time work goes first within a tenant's share too (lane priority): an on-time claim (a
+   first attempt outside the catch-up lane) counts only the tenant's live on-time attempts,
+   and is held only by other tenants' on-time work waiting - recovery work of its own or of
+   others cannot use the slots step 5 keeps for on-time runs, so it does not contend for
+   them. A recovery claim counts everything, as in step 4. docs/decisions.md "Strict
+   capacity at the workers".
 """
 
 from __future__ import annotations
@@ -40,12 +46,12 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from django.conf import settings
 from django.db import connection
 
-from apps.occurrences.models import Occurrence
+from apps.occurrences.models import Lane, Occurrence
 
 log = logging.getLogger(__name__)
 
@@ -62,14 +68,22 @@ CONTENTION_CACHE_S = 1.0
 
 @dataclass(frozen=True)
 class Contention:
-    """Per tenant: live running attempts and occurrences waiting to be claimed (step 4)."""
+    """Per tenant: live running attempts and occurrences waiting to be claimed (step 4); the
+    on-time part of each (a first attempt outside the catch-up lane) apart, for on-time claims
+    (step 6). Waiting counts stop at the capacity (CONTENTION_WAITING_CAP)."""
 
     running: dict[uuid.UUID, int]
     waiting: dict[uuid.UUID, int]
+    running_on_time: dict[uuid.UUID, int] = field(default_factory=dict)
+    waiting_on_time: dict[uuid.UUID, int] = field(default_factory=dict)
 
     @property
     def running_total(self) -> int:
         return sum(self.running.values())
+
+    def on_time(self) -> Contention:
+        """The contention an on-time claim answers to: on-time work only."""
+        return Contention(running=self.running_on_time, waiting=self.waiting_on_time)
 
 
 _contention_cache: tuple[float, Contention] | None = None  # (expires, monotonic clock; value)
@@ -145,18 +159,47 @@ LIVE_ATTEMPT = """
     )
 """
 
+# The snapshot reads a bounded number of rows, whatever the backlog (step 4): at most
+# CONTENTION_ROWS open attempts, and at most CONTENTION_ROWS of the oldest due open
+# occurrences through the open-occurrence partial index (scheduled_for order). Per tenant
+# the waiting count is capped at the capacity: a demand beyond it shares the same max-min
+# allocation (`water_fill` gives it no more than the capacity). A tenant whose waiting work
+# is all younger than the oldest CONTENTION_ROWS due rows is not seen until they drain: the
+# work waiting longest is always seen (deferred work keeps its instant and grows older), and
+# an unseen tenant can only make the share more lenient, never defer work beside a free slot.
+CONTENTION_ROWS = 20_000
+
 _CONTENTION = f"""
-    WITH running AS (
-        SELECT a.tenant_id, count(*) AS n FROM occurrences_attempt a
+    WITH open_attempts AS (
+        SELECT a.tenant_id, a.occurrence_id, a.scheduled_for, a.attempt_no
+        FROM occurrences_attempt a
         WHERE {LIVE_ATTEMPT}
+        LIMIT %(rows)s
+    ),
+    running AS (
+        SELECT a.tenant_id, count(*) AS n,
+               count(*) FILTER (WHERE a.attempt_no = 1 AND o.lane <> %(catchup_lane)s) AS on_time
+        FROM open_attempts a
+        JOIN occurrences_occurrence o
+            ON o.id = a.occurrence_id AND o.scheduled_for = a.scheduled_for
         GROUP BY a.tenant_id
     ),
+    due AS (
+        SELECT o.tenant_id, o.state, o.lane, o.attempt_count, o.enqueued_at
+        FROM occurrences_occurrence o
+        WHERE o.finished_at IS NULL AND o.scheduled_for <= now() + interval '1 minute'
+        ORDER BY o.scheduled_for
+        LIMIT %(rows)s
+    ),
     waiting AS (
-        SELECT o.tenant_id, count(*) AS n FROM occurrences_occurrence o
-        WHERE o.finished_at IS NULL AND o.enqueued_at IS NOT NULL AND o.state = %(enqueued)s
-        GROUP BY o.tenant_id
+        SELECT d.tenant_id, least(count(*), %(cap)s) AS n,
+               least(count(*) FILTER (WHERE d.attempt_count = 0
+                                        AND d.lane <> %(catchup_lane)s), %(cap)s) AS on_time
+        FROM due d WHERE d.state = %(enqueued)s AND d.enqueued_at IS NOT NULL
+        GROUP BY d.tenant_id
     )
-    SELECT coalesce(r.tenant_id, w.tenant_id), coalesce(r.n, 0), coalesce(w.n, 0)
+    SELECT coalesce(r.tenant_id, w.tenant_id), coalesce(r.n, 0), coalesce(w.n, 0),
+           coalesce(r.on_time, 0), coalesce(w.on_time, 0)
     FROM running r FULL JOIN waiting w ON w.tenant_id = r.tenant_id
 """
 
@@ -167,15 +210,19 @@ def contention() -> Contention:
     cached = _contention_cache
     if cached is not None and cached[0] > time.monotonic():
         return cached[1]
+    capacity = live_capacity()
     with connection.cursor() as cursor:
         cursor.execute(_CONTENTION, {
             "presence_ttl_s": settings.TICK_WORKER_PRESENCE_TTL_S,
-            "enqueued": Occurrence.State.ENQUEUED,
+            "enqueued": Occurrence.State.ENQUEUED, "catchup_lane": Lane.CATCHUP,
+            "rows": CONTENTION_ROWS, "cap": max(1, capacity or 0),
         })  # fmt: skip
         rows = cursor.fetchall()
     found = Contention(
-        running={t: int(r) for t, r, _ in rows if r},
-        waiting={t: int(w) for t, _, w in rows if w},
+        running={t: int(r) for t, r, _, _, _ in rows if r},
+        waiting={t: int(w) for t, _, w, _, _ in rows if w},
+        running_on_time={t: int(r) for t, _, _, r, _ in rows if r},
+        waiting_on_time={t: int(w) for t, _, _, _, w in rows if w},
     )
     _contention_cache = (time.monotonic() + CONTENTION_CACHE_S, found)
     return found

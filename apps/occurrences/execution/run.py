@@ -27,9 +27,12 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
+from django.utils import timezone
 
+from apps.occurrences.execution import complete_batch
 from apps.occurrences.execution.claim import Claim, ClaimStatus, occurrence_claim
 from apps.occurrences.execution.complete import attempt_complete
+from apps.occurrences.execution.complete_batch import Completion, groupable
 from apps.occurrences.execution.deadlines import (
     DeadlineExceeded,
     end_pool_process,
@@ -38,6 +41,7 @@ from apps.occurrences.execution.deadlines import (
 from apps.occurrences.execution.handlers import PermanentError
 from apps.occurrences.execution.heartbeat import LeaseHeartbeat
 from apps.occurrences.execution.registry import handler_spec
+from apps.occurrences.models import Occurrence
 from apps.occurrences.observability import logs
 from apps.occurrences.pipeline.outages import call_through_outages, outage_of
 
@@ -125,9 +129,19 @@ def _ids(claim: Claim) -> dict[str, str]:
 
 def _complete(claim: Claim, error: BaseException | None) -> dict[str, Any]:
     """Step 3, retried through a database outage; an unrecordable result is left to the
-    reaper (module docstring)."""
+    reaper (module docstring). In a pool process a success of an ALLOW schedule is queued for
+    the process's group commit instead (complete_batch.py)."""
     ctx = claim.context
     assert ctx is not None
+    if in_pool_process() and groupable(claim, error):
+        complete_batch.group.add(Completion.of(claim, timezone.now()))
+        log.info("occurrence %s attempt %s: succeeded (group commit)", ctx.occurrence_id,
+                 ctx.attempt_no, extra=_ids(claim))  # fmt: skip
+        return {
+            "status": str(Occurrence.State.SUCCEEDED),
+            "attempt_no": ctx.attempt_no,
+            "grouped": True,
+        }
     try:
         state = call_through_outages(
             lambda: attempt_complete(claim=claim, error=error),

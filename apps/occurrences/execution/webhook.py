@@ -10,7 +10,7 @@ The URL's port must be 80, 443 or one the tenant's `webhook_allowed_ports` names
 
 Request: `POST url`, `Content-Type: application/json`, `Idempotency-Key: <occurrence_id>`,
 `User-Agent: Tick-Webhook/1`, the signature headers `webhook-id` (the occurrence id),
-`webhook-timestamp` and `webhook-signature` (`signed_headers`, docs/webhooks.md), the run
+`webhook-timestamp` and `webhook-signature` (egress.py `signed_headers`, docs/webhooks.md), the run
 context `Tick-Scheduled-For`, `Tick-Attempt`, `Tick-Schedule-Id`, `Tick-Schedule-Version` and
 `Tick-Origin` (`context_headers`; not signed, so with `"envelope": true` the body is
 `{"context": {...}, "payload": <body>}`, signed with it), plus the tenant's headers (not the
@@ -22,11 +22,12 @@ from the environment.
 SSRF guard at connect time: the host is resolved once by `ssrf.resolve_target`, every address
 is checked, and urllib3 connects to that checked address literal (TLS still verifies the
 certificate for, and sends SNI of, the URL's host name), so a DNS answer that changes between
-check and connect cannot redirect the request.
+check and connect cannot redirect the request. The signed POST, the guard and the deadline are
+egress.py's, shared with alert delivery; this module is the handler: payload, headers, context.
 
-Outcome classes: 2xx success; 408, 429 and 5xx transient (retried); 3xx (redirect not
-followed) and every other 4xx permanent (DEAD); connection errors and timeouts transient;
-certificate verification failures and SSRF refusals permanent.
+Outcome classes (egress.py `classify_response`): 2xx success; 408, 429 and 5xx transient
+(retried); 3xx (redirect not followed) and every other 4xx permanent (DEAD); connection errors
+and timeouts transient; certificate verification failures and SSRF refusals permanent.
 
 A 429 or 503 with `Retry-After` (delta-seconds or an HTTP-date) carries the wait on its
 `TransientError`; the completion (complete.py) schedules the retry no earlier, capped at the
@@ -37,28 +38,17 @@ from __future__ import annotations
 
 import json
 import re
-import threading
-import uuid
 from collections.abc import Collection, Mapping
-from datetime import UTC, datetime
-from email.utils import parsedate_to_datetime
 from typing import Any
 
-from django.conf import settings
-from django.utils import timezone
-
-from apps.occurrences.execution.egress import egress_deadline_s, egress_post
+from apps.occurrences.execution.egress import tenant_ports, url_refusal, webhook_post
 from apps.occurrences.execution.handlers import (
     HandlerContext,
     PayloadError,
-    PermanentError,
-    TransientError,
 )
-from apps.occurrences.execution.ssrf import Allowlist, SSRFRefused, check_url
 from apps.occurrences.observability import metrics
-from apps.tenants.errors import SigningUnavailable
 from apps.tenants.models import Tenant
-from apps.tenants.signing import SIGNATURE_HEADERS, webhook_signature_headers
+from apps.tenants.signing import SIGNATURE_HEADERS
 
 # The run context (HandlerContext.run_context) as request headers: name -> context key.
 CONTEXT_HEADERS = {
@@ -85,17 +75,10 @@ MAX_HEADER_VALUE_CHARS = 4096
 MAX_HEADERS_CHARS = 16 * 1024  # names and values together
 MAX_BODY_BYTES = 256 * 1024
 MAX_HEADERS = 20
-USER_AGENT = "Tick-Webhook/1"
-# Statuses whose Retry-After is honoured (RFC 9110 also allows it on 3xx, never followed here).
-RETRY_AFTER_STATUSES = frozenset({429, 503})
 
 
 class WebhookPayloadError(PayloadError):
     """The webhook payload is invalid: `field` names the offending key."""
-
-
-def allowlist() -> Allowlist:
-    return Allowlist.parse(settings.TICK_WEBHOOK_ALLOWLIST)
 
 
 def webhook_ports_of(tenant: Tenant | None) -> frozenset[int]:
@@ -120,10 +103,9 @@ def check_webhook_payload(payload: Any, *, extra_ports: Collection[int]) -> None
     unknown = set(payload) - {"url", "body", "headers", "envelope"}
     if unknown:
         raise WebhookPayloadError("payload", f"unknown keys: {', '.join(sorted(unknown))}")
-    try:
-        check_url(payload.get("url"), allowlist=allowlist(), extra_ports=extra_ports)  # type: ignore[arg-type]
-    except SSRFRefused as exc:
-        raise WebhookPayloadError("url", str(exc)) from None
+    refusal = url_refusal(payload.get("url"), extra_ports=extra_ports)
+    if refusal is not None:
+        raise WebhookPayloadError("url", refusal)
     check_headers(payload.get("headers", {}))
     if not isinstance(payload.get("envelope", False), bool):
         raise WebhookPayloadError("envelope", "must be true or false")
@@ -186,13 +168,6 @@ def _body_bytes(body: Any) -> bytes:
     return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-def _tenant_ports(tenant_id: uuid.UUID) -> frozenset[int]:
-    ports = (
-        Tenant.objects.filter(id=tenant_id).values_list("webhook_allowed_ports", flat=True).first()
-    )
-    return frozenset(ports or ())
-
-
 def webhook_send(*, ctx: HandlerContext) -> int:
     """Send one webhook for `ctx`; returns the 2xx status or raises a classified error.
 
@@ -201,7 +176,7 @@ def webhook_send(*, ctx: HandlerContext) -> int:
     (WebhookPayloadError, a PermanentError), so the occurrence goes DEAD at once with the
     reason instead of retrying what cannot succeed."""
     payload = ctx.payload
-    extra_ports = _tenant_ports(ctx.tenant_id)
+    extra_ports = tenant_ports(ctx.tenant_id)
     try:
         check_webhook_payload(payload, extra_ports=extra_ports)
     except WebhookPayloadError as exc:
@@ -231,97 +206,6 @@ def webhook_send(*, ctx: HandlerContext) -> int:
 def context_headers(run_context: Mapping[str, Any]) -> dict[str, str]:
     """The run context as the `Tick-*` request headers (docs/webhooks.md "Run context")."""
     return {name: str(run_context[key]) for name, key in CONTEXT_HEADERS.items()}
-
-
-def webhook_post(
-    *,
-    url: str,
-    body: bytes,
-    headers: dict[str, str],
-    tenant_id: uuid.UUID,
-    message_id: str,
-    extra_ports: frozenset[int] | None = None,
-    run_limit_s: float | None = None,
-    cancel: threading.Event | None = None,
-) -> int:
-    """POST a JSON `body` to `url` through the SSRF guard (the resolved address is the one
-    connected to; ports 80/443 or the tenant's; no redirects, no proxies), signed with the
-    tenant's secrets under `message_id`; returns the 2xx status or raises
-    `PermanentError`/`TransientError`. Shared by the webhook handler and alert webhooks; the
-    whole call, DNS to last byte, within `TICK_EGRESS_DEADLINE_S` and `run_limit_s`, stopped
-    early when `cancel` is set (egress.py)."""
-    if extra_ports is None:
-        extra_ports = _tenant_ports(tenant_id)
-    headers = {
-        **headers,
-        "Content-Type": "application/json",
-        "User-Agent": USER_AGENT,
-        **signed_headers(tenant_id=tenant_id, message_id=message_id, body=body),
-    }
-    response = egress_post(
-        url=url, body=body, headers=headers, allowlist=allowlist(), extra_ports=extra_ports,
-        deadline_s=egress_deadline_s(run_limit_s), cancel=cancel,
-    )  # fmt: skip
-    return classify_response(
-        response.status,
-        response.snippet,
-        location=response.location,
-        retry_after=response.retry_after,
-    )
-
-
-def signed_headers(*, tenant_id: uuid.UUID, message_id: str, body: bytes) -> dict[str, str]:
-    """The Standard Webhooks headers for `body`, the exact bytes sent: the id is the
-    occurrence id (or an alert's id; the same on every retry and redelivery), the signature
-    is made with each of the tenant's active secrets (docs/webhooks.md)."""
-    try:
-        return webhook_signature_headers(tenant_id=tenant_id, message_id=message_id, body=body)
-    except SigningUnavailable as exc:
-        # An operator's key configuration, not the receiver: retrying cannot help; replay
-        # from the DLQ once the key is restored.
-        raise PermanentError(f"webhook not signed: {exc}") from None
-
-
-def classify_response(
-    status: int, snippet: bytes, *, location: str | None = None, retry_after: str | None = None
-) -> int:
-    """Return `status` when it is a success, else raise the error of its class."""
-    text = snippet.decode(errors="replace")[:200]
-    if 200 <= status < 300:
-        return status
-    if status in (408, 429) or status >= 500:
-        wait_s = retry_after_s(retry_after) if status in RETRY_AFTER_STATUSES else None
-        asked = "" if wait_s is None else f" (Retry-After: {wait_s:.0f} s)"
-        raise TransientError(f"webhook answered HTTP {status}{asked}: {text}", retry_after_s=wait_s)
-    if 300 <= status < 400:
-        raise PermanentError(
-            f"webhook answered HTTP {status} (redirect to {location!r} not followed)"
-        )
-    raise PermanentError(f"webhook answered HTTP {status}: {text}")
-
-
-def retry_after_s(header: str | None, *, now: datetime | None = None) -> float | None:
-    """Seconds a `Retry-After` header asks to wait, or None when absent or malformed.
-
-    Delta-seconds or an HTTP-date (a date already past asks 0 s). Never negative, and never
-    more than TICK_RETRY_DEADLINE_S — no retry is scheduled later than that anyway, and a
-    huge value must not overflow the date arithmetic of the completion.
-    """
-    if header is None:
-        return None
-    value = header.strip()
-    longest_s = float(settings.TICK_RETRY_DEADLINE_S)
-    if value.isascii() and value.isdigit():
-        # A digit string too long to be a plausible wait is not parsed at all.
-        return min(float(value), longest_s) if len(value) <= 12 else longest_s
-    try:
-        when = parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError, OverflowError):
-        return None
-    if when.tzinfo is None:  # "-0000" zone: HTTP-dates are GMT
-        when = when.replace(tzinfo=UTC)
-    wait_s = (when - (now or timezone.now())).total_seconds()
-    return min(max(wait_s, 0.0), longest_s)
 
 
 def webhook_handler(ctx: HandlerContext) -> None:

@@ -4,7 +4,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from apps.bench.sustained import bench_sustained, report_json
+from apps.bench.sustained import WorkerPlan, bench_sustained, report_json
 
 # The options passed on to bench_sustained, each stored under the parameter's own name.
 SUSTAINED_PARAMETERS = (
@@ -23,8 +23,9 @@ SUSTAINED_PARAMETERS = (
 class Command(BaseCommand):
     help = (
         "Sustained benchmark: R occurrences due every minute for M minutes (strict and "
-        "flexible), real materialize and relay processes, an independent consumer; per-minute "
-        "lag, CPU, WAL and table growth, then reconciliation. Last line: one JSON object."
+        "flexible), real materialize and relay processes, an independent consumer or (with "
+        "--workers) Celery workers running noop beside bare Celery; per-minute lag, CPU, WAL "
+        "and table growth, then reconciliation. Last line: one JSON object."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -46,12 +47,29 @@ class Command(BaseCommand):
             "--no-floor", dest="floor", action="store_false",
             help="skip the lean-SQL floor run first (no ratio to it in the report)",
         )  # fmt: skip
+        parser.add_argument(
+            "--workers", type=int, default=0,
+            help="Celery workers executing every occurrence with the noop handler (0: an "
+            "independent consumer takes the messages, delivery only)",
+        )  # fmt: skip
+        parser.add_argument("--concurrency", type=int, default=2, help="slots per worker")
+        parser.add_argument(
+            "--bare-tasks", type=int, default=None,
+            help="with --workers: tasks of bare Celery (apply_async -> noop) run afterwards on "
+            "the same broker as the floor; default one minute at --per-minute, 0 skips it",
+        )  # fmt: skip
         parser.add_argument("--json", action="store_true", help="only the JSON line")
 
     def handle(self, *args: Any, **options: Any) -> None:
         quiet = options["json"]
+        bare = options["bare_tasks"]
+        execution = WorkerPlan(
+            workers=options["workers"], concurrency=options["concurrency"],
+            bare_tasks=options["per_minute"] if bare is None else bare,
+        )  # fmt: skip
         report = bench_sustained(
             **{name: options[name] for name in SUSTAINED_PARAMETERS},
+            execution=execution,
             log=None if quiet else self.stdout.write,
         )
         if not quiet:

@@ -12,9 +12,13 @@ import pytest
 from django.utils import timezone
 
 from apps.occurrences.execution import ssrf
-from apps.occurrences.execution.egress import EgressDeadlineExceeded, egress_deadline_s
+from apps.occurrences.execution.egress import (
+    EgressDeadlineExceeded,
+    egress_deadline_s,
+    webhook_post,
+)
 from apps.occurrences.execution.handlers import HandlerContext
-from apps.occurrences.execution.webhook import webhook_post, webhook_send
+from apps.occurrences.execution.webhook import webhook_send
 from apps.occurrences.tests.support.slow_loris import slow_loris
 from apps.tenants.models import Tenant
 from apps.tenants.services import tenant_create

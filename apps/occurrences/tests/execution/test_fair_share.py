@@ -20,6 +20,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from prometheus_client import REGISTRY
 
+from apps.occurrences.execution import presence
 from apps.occurrences.execution.claim import ClaimStatus, deferral_delay_s, occurrence_claim
 from apps.occurrences.execution.complete import attempt_complete
 from apps.occurrences.execution.presence import (
@@ -570,3 +571,68 @@ def test_recovery_work_leaves_the_reserved_slots_to_on_time_runs(tenant_a, tenan
 def test_the_strict_reserve_is_a_fraction_below_one(settings, reserve, error_ids):
     settings.TICK_STRICT_RESERVED_SHARE = reserve
     assert [e.id for e in check_fair_share() if e.id == "tick.E017"] == error_ids
+
+
+@pytest.mark.django_db
+def test_on_time_work_is_not_held_to_a_share_by_recovery_work(tenant_a, tenant_b, settings):
+    # given: 4 live slots; tenant b has only recovery work waiting (catch-up, deferred by the
+    # strict reserve); tenant a already runs 2 on-time runs and 1 catch-up run
+    settings.TICK_STRICT_RESERVED_SHARE = 0.5
+    _worker("w@host", 4)
+    now = timezone.now()
+    assert _claim(_recovery(tenant_a, "ca"), now).status == ClaimStatus.CLAIMED
+    assert _claims_of(tenant_a, 2, now) == [ClaimStatus.CLAIMED] * 2
+    waiting = _waiting(tenant_b, 3)
+    Occurrence.objects.filter(id__in=[o.id for o in waiting]).update(lane=Lane.CATCHUP)
+    contention_forget()
+
+    # when: tenant a's next on-time run is claimed, then another catch-up run of its own
+    on_time = _claim(occurrence(schedule(tenant_a, name="t3"), now), now)
+    recovery = _claim(_recovery(tenant_a, "cb"), now)
+
+    # then: the on-time run takes the free slot (b's recovery work cannot use it); the
+    # recovery run answers to everything waiting and is held
+    assert on_time.status == ClaimStatus.CLAIMED
+    assert recovery.status == ClaimStatus.DELAYED
+
+
+@pytest.mark.django_db
+def test_an_on_time_claim_counts_only_its_tenants_on_time_runs(tenant_a, tenant_b, settings):
+    # given: 4 live slots; tenant a runs 2 catch-up runs (all recovery may hold) and 1
+    # on-time run; tenant b has on-time work waiting
+    settings.TICK_STRICT_RESERVED_SHARE = 0.5
+    _worker("w@host", 4)
+    now = timezone.now()
+    for name in ("c0", "c1"):
+        assert _claim(_recovery(tenant_a, name), now).status == ClaimStatus.CLAIMED
+    assert _claims_of(tenant_a, 1, now) == [ClaimStatus.CLAIMED]
+    _waiting(tenant_b, 5)
+
+    # when/then: its own recovery runs do not eat a's on-time share (2 of 4 with b waiting)
+    assert _claim(occurrence(schedule(tenant_a, name="t1"), now), now).status == (
+        ClaimStatus.CLAIMED
+    )
+    contention_forget()
+    assert _claim(occurrence(schedule(tenant_a, name="t2"), now), now).status == (
+        ClaimStatus.DELAYED
+    )
+
+
+@pytest.mark.django_db
+def test_the_contention_snapshot_reads_a_bounded_number_of_rows(tenant_a, tenant_b, monkeypatch):
+    # given: a backlog far beyond the row bound, tenant a's older than tenant b's
+    monkeypatch.setattr(presence, "CONTENTION_ROWS", 20)
+    _worker("w@host", 4)
+    _waiting(tenant_a, 30)
+    _waiting(tenant_b, 5)  # due a moment later
+
+    # when
+    with CaptureQueriesContext(connection) as queries:
+        found = presence.contention()
+
+    # then: one query; a's waiting count stops at the capacity (a larger demand shares the
+    # same max-min allocation); b, younger than the bound's oldest rows, is not seen yet
+    assert len([q for q in queries if "occurrences_occurrence" in q["sql"]]) == 1
+    assert found.waiting == {tenant_a.id: 4}
+    assert found.waiting_on_time == {tenant_a.id: 4}
+    assert fair_limit(tenant_b.id, 4, found) == 2

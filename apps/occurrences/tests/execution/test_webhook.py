@@ -19,13 +19,13 @@ import pytest
 from django.utils import timezone
 
 from apps.occurrences.execution.complete import retry_deadline
+from apps.occurrences.execution.egress import retry_after_s
 from apps.occurrences.execution.handlers import HandlerContext, PermanentError, TransientError
 from apps.occurrences.execution.registry import handler_spec
 from apps.occurrences.execution.run import occurrence_execute
 from apps.occurrences.execution.ssrf import Allowlist, SSRFRefused, address_refusal, check_url
 from apps.occurrences.execution.webhook import (
     WebhookPayloadError,
-    retry_after_s,
     validate_webhook_payload,
     webhook_send,
 )

@@ -1,10 +1,15 @@
 """After a control-plane outage longer than the planning window, each misfire policy holds and
 strict work is untouched by the recovery (real materializer, relay, reaper and two workers on
 the test database and RabbitMQ; the outage is played by writing the instants a materializer
-wrote before it, publishing some of them, then starting the processes ten minutes later)."""
+wrote before it, publishing some of them, then starting the processes ten minutes later; a
+bystander's strict one-shots fall due once the recovery is under way, timed from what the
+processes did, never from the wall clock, so a slow start on a loaded machine cannot move
+them out of the recovery)."""
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from collections import Counter
 from datetime import datetime, timedelta
@@ -15,7 +20,7 @@ import time_machine
 from django.utils import timezone
 
 from apps.occurrences.audit.reconcile import POLICY_BREACHES, reconcile
-from apps.occurrences.models import Attempt, Occurrence, ShardLease
+from apps.occurrences.models import Attempt, Occurrence, ShardLease, WorkerPresence
 from apps.occurrences.pipeline.materializer import materialize_pass
 from apps.occurrences.pipeline.relay import relay_step
 from apps.occurrences.tests.support.pipeline import leases, materialize_config, relay_config
@@ -27,7 +32,9 @@ from apps.tenants.services import tenant_create
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 PER_TENANT, LATENESS_S, CATCHUP_LIMIT, OUTAGE_MIN = 8, 20, 5, 10
-BYSTANDERS, BYSTANDER_DELAY_S = 10, 15
+# Each recovery run takes RUN_S: 48 of them on the 2 slots recovery work may hold keep the
+# recovery going for at least 48 s after the workers are up, long past the bystander's due.
+RUN_S, BYSTANDERS, BYSTANDER_DELAY_S = 2.0, 10, 8
 
 
 def _wait(predicate, timeout_s: float, stack: ProcessStack, what: str) -> None:
@@ -72,7 +79,7 @@ def test_each_policy_holds_after_an_outage_and_strict_runs_are_untouched(
     queue_prefix: str, publisher, tmp_path: Path
 ) -> None:
     # given: three tenants' every-minute schedules (SKIP, FIRE_ONCE, CATCHUP with K = 5 at
-    # 2 catch-up runs/s), each run taking half a second; the materializer wrote their first two
+    # 2 catch-up runs/s), each run taking RUN_S; the materializer wrote their first two
     # instants just before a ten-minute outage, and the relay published the first of them.
     # The rule lists the outage's ten minutes only: no on-time instant falls due while the
     # test runs (one would rightly run late, too, on a busy machine).
@@ -92,7 +99,7 @@ def test_each_policy_holds_after_an_outage_and_strict_runs_are_untouched(
             make_schedule(
                 tenant, name=f"{policy}-{i}", expression=f"{minutes} * * * *", next_run_at=t0,
                 misfire_policy=policy, catchup_limit=limit, max_lateness_s=LATENESS_S,
-                payload={"sleep_s": 0.5},
+                payload={"sleep_s": RUN_S},
             )
             for i in range(PER_TENANT)
         ]  # fmt: skip
@@ -101,16 +108,8 @@ def test_each_policy_holds_after_an_outage_and_strict_runs_are_untouched(
         relay_step(leases=leases(ShardLease.Role.RELAY, owner="before-outage"),
                    publisher=publisher, config=relay_config(queue_prefix))  # fmt: skip
     assert Occurrence.objects.filter(state=Occurrence.State.ENQUEUED).count() == 3 * PER_TENANT
-    # and a bystander tenant's strict one-shots fall due while the recovery runs
-    bystander = tenant_create(slug="outage-bystander")
     restart = timezone.now()
-    due = (restart + timedelta(seconds=BYSTANDER_DELAY_S)).replace(microsecond=0)
-    strict = [
-        make_schedule(bystander, name=f"bystander-{i}", kind=Schedule.Kind.ONE_SHOT,
-                      expression="", run_at=due, misfire_policy=Schedule.MisfirePolicy.FIRE_ONCE,
-                      max_lateness_s=LATENESS_S)
-        for i in range(BYSTANDERS)
-    ]  # fmt: skip
+    bystander = tenant_create(slug="outage-bystander")
 
     # when: the control plane comes back (the workers with it)
     stack = ProcessStack(tmp_path, shared_stack_env(queue_prefix, TICK_STRICT_RESERVED_SHARE="0.5"))
@@ -120,7 +119,20 @@ def test_each_policy_holds_after_an_outage_and_strict_runs_are_untouched(
         for name in ("w1", "w2"):
             stack.start_role("worker", name=name, concurrency=2)
         everything = [s for group in schedules.values() for s in group]
-        _wait(lambda: _settled(everything, restart), 120, stack, "the outage's instants")
+        # and once the recovery is under way (both workers live, a catch-up run started), a
+        # bystander tenant's strict one-shots fall due
+        _wait(lambda: WorkerPresence.objects.count() >= 2
+              and Attempt.objects.filter(tenant__slug__startswith="outage-").exists(),
+              180, stack, "the recovery to start")  # fmt: skip
+        due = (timezone.now() + timedelta(seconds=BYSTANDER_DELAY_S)).replace(microsecond=0)
+        strict = [
+            make_schedule(bystander, name=f"bystander-{i}", kind=Schedule.Kind.ONE_SHOT,
+                          expression="", run_at=due,
+                          misfire_policy=Schedule.MisfirePolicy.FIRE_ONCE,
+                          max_lateness_s=LATENESS_S)
+            for i in range(BYSTANDERS)
+        ]  # fmt: skip
+        _wait(lambda: _settled(everything, restart), 240, stack, "the outage's instants")
         _wait(lambda: Occurrence.objects.filter(schedule__in=strict,
                                                 finished_at__isnull=False).count() == BYSTANDERS,
               60, stack, "the bystander's runs")  # fmt: skip
@@ -141,21 +153,21 @@ def test_each_policy_holds_after_an_outage_and_strict_runs_are_untouched(
                 "state", flat=True
             )
         ) == {Occurrence.State.MISSED}
-    # and the bystander's strict runs started soon after they were enqueued, beside the
-    # recovery: the workers keep the reserved slots from it. p90 of ten: one run may wait
-    # for a recovery claim that a worker process took before its cached count (1 s) caught
-    # up. The enqueue lag is the relay's, reported, not judged here (on a loaded two-core
-    # machine it reached 4-5 s).
-    started = {
-        a.occurrence_id: a.started_at
+    # and the bystander's strict runs started within 5 s of their instant (p99 of ten: each
+    # one), beside the recovery: recovery work holds at most the unreserved slots, and on-time
+    # work is not held to a share by recovery work waiting (presence.py, steps 5 and 6)
+    lags = sorted(
+        (a.started_at - a.scheduled_for).total_seconds()
         for a in Attempt.objects.filter(tenant=bystander, attempt_no=1)
-    }
-    waits = sorted(
-        ((started[o.id] - o.enqueued_at).total_seconds(), o.enqueued_at - o.scheduled_for)
-        for o in Occurrence.objects.filter(schedule__in=strict)
-        if o.enqueued_at is not None
     )
-    assert len(waits) == BYSTANDERS and waits[int(0.9 * BYSTANDERS) - 1][0] <= 5, waits
+    if figures := os.environ.get("TICK_OUTAGE_FIGURES"):  # docs/decisions.md quotes them
+        Path(figures).write_text(json.dumps({"bystander_start_lags_s": lags}))
+    assert len(lags) == BYSTANDERS and lags[int(0.99 * BYSTANDERS)] <= 5, lags
+    # and they really ran beside the recovery: a recovery run was running at their instant
+    recovery = Attempt.objects.filter(
+        tenant__slug__startswith="outage-", started_at__lte=due, finished_at__gte=due
+    ).exclude(tenant=bystander)
+    assert recovery.exists()
     # and reconcile agrees: no policy breach, nothing missing
     report = reconcile(start=t0 - timedelta(hours=1), end=timezone.now() + timedelta(minutes=5))
     assert {k: report.counts[k] for k in (*POLICY_BREACHES, "missing") if report.counts[k]} == {}

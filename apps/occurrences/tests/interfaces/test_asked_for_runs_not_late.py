@@ -11,11 +11,11 @@ import pytest
 import time_machine
 
 from apps.occurrences.alerts.lag import lag_alerts_record
+from apps.occurrences.alerts.tests.support import channel, rule
 from apps.occurrences.execution.claim import ClaimStatus, occurrence_claim
 from apps.occurrences.manual_runs import BackfillOnly, schedule_backfill, schedule_run_now
 from apps.occurrences.models import Alert, AlertEvent, Occurrence
 from apps.occurrences.observability.dashboard import start_lag_percentiles
-from apps.occurrences.tests.alerts.support import channel, rule
 from apps.occurrences.tests.support.rows import occurrence, schedule
 
 pytestmark = pytest.mark.django_db

@@ -19,10 +19,10 @@ from django.urls import get_resolver
 from django.utils import timezone
 
 from apps.occurrences.alerts.configure import send_test_alert
+from apps.occurrences.alerts.tests.support import channel, rule
 from apps.occurrences.manual_runs import BackfillOnly, schedule_backfill, schedule_run_now
 from apps.occurrences.models import AlertEvent, Occurrence
 from apps.occurrences.schedule_changes import schedule_pause
-from apps.occurrences.tests.alerts.support import channel, rule
 from apps.occurrences.tests.interfaces.test_no_server_errors import _admin_object_ids, _routes
 from apps.occurrences.tests.support.rows import attempt_started, dead_occurrence, schedule
 from apps.tenants.members import invitation_create

@@ -217,3 +217,31 @@ def test_reconcile_agrees_with_the_policy_after_an_outage_and_fails_on_a_planted
     }[policy]
     assert _breaches(sched) == {expected: 1}
     assert expected in FAILING
+
+
+@pytest.mark.parametrize(
+    ("policy", "limit"),
+    [(Schedule.MisfirePolicy.FIRE_ONCE, 0), (Schedule.MisfirePolicy.CATCHUP, 5)],
+)
+def test_reconcile_fails_on_an_instant_given_up_that_the_policy_let_run(
+    tenant_a, queue_prefix, publisher, policy, limit
+):
+    sched, _ = _before_outage(tenant_a, policy, limit)
+    _relay(queue_prefix, publisher)
+    _materialize()
+    _relay(queue_prefix, publisher)
+    runnable = _late_runnable(sched)
+    assert len(runnable) == late_runs_allowed(policy, limit)
+    now = timezone.now()
+    for occ in runnable[1:]:
+        _ran(occ, now)
+
+    # Planted: the oldest instant the policy let run was given up instead - CATCHUP ran
+    # K - 1 of its late instants, FIRE_ONCE none.
+    oldest = runnable[0]
+    Occurrence.objects.filter(id=oldest.id, scheduled_for=oldest.scheduled_for).update(
+        state=Occurrence.State.MISSED, finished_at=now
+    )
+
+    assert _breaches(sched) == {"late_runs_too_few": 1}
+    assert "late_runs_too_few" in FAILING

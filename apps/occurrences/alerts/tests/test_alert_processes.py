@@ -17,8 +17,8 @@ from django.conf import settings
 from django.db import connection
 
 from apps.occurrences.alerts.deliver import ALERT_ID_HEADER
+from apps.occurrences.alerts.tests.support import channel, dead_occurrence, receiver, rule
 from apps.occurrences.models import Alert, AlertChannel, AlertDelivery
-from apps.occurrences.tests.alerts.support import channel, dead_occurrence, receiver, rule
 from apps.occurrences.tests.support.processes import ROOT, database_url
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]

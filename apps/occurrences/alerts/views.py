@@ -1,5 +1,5 @@
 """The Alerts page of the web UI (docs/ui.md, docs/alerts.md): channels, rules and the alert
-history. Thin views over the same operations as /api/v1/alert-* (apps/occurrences/alerts_api.py);
+history. Thin views over the same operations as /api/v1/alert-* (apps/occurrences/alerts/api.py);
 every id goes through the tenant doors, so another tenant's id is a 404. Changes are admins'
 only; every change is a POST that redirects back with a message."""
 
@@ -34,9 +34,9 @@ from apps.occurrences.alerts.confirm import (
     confirmation_for_token,
     confirmation_resend,
 )
+from apps.occurrences.alerts.forms import AlertChannelForm, AlertRuleForm, show_config_errors
 from apps.occurrences.alerts.history import alerts_history, delivery_state
 from apps.occurrences.alerts.lag import DEFAULT_THRESHOLD_S, DEFAULT_WINDOW_MINUTES
-from apps.occurrences.forms import AlertChannelForm, AlertRuleForm, show_config_errors
 from apps.occurrences.models import LAG_EVENTS, AlertChannel, AlertRule
 from apps.tenants.errors import RefusedRequest
 from apps.tenants.page_lists import page_list

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from apps.occurrences.alerts.tests.support import channel
 from apps.occurrences.models import Alert, AlertChannel
-from apps.occurrences.tests.alerts.support import channel
 
 pytestmark = pytest.mark.django_db
 

@@ -12,8 +12,8 @@ from django.test import Client
 from django.utils import timezone
 
 from apps.occurrences.alerts.dispatch import group_pending
+from apps.occurrences.alerts.tests.support import dead_occurrence, rule
 from apps.occurrences.models import Alert, AlertChannel
-from apps.occurrences.tests.alerts.support import dead_occurrence, rule
 from apps.tenants.models import TenantEvent
 from apps.tenants.tests.mails import link_in
 

@@ -16,8 +16,8 @@ import pytest
 from django.utils import timezone
 
 from apps.occurrences.alerts.configure import send_test_alert
+from apps.occurrences.alerts.tests.support import channel
 from apps.occurrences.models import AlertChannel, AlertDelivery, Attempt, Occurrence
-from apps.occurrences.tests.alerts.support import channel
 from apps.occurrences.tests.support.processes import ProcessStack, shared_stack_env
 from apps.occurrences.tests.support.slow_loris import slow_loris
 from apps.schedules.models import Schedule

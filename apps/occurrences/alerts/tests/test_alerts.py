@@ -23,6 +23,7 @@ from apps.occurrences.alerts.configure import (
 from apps.occurrences.alerts.deliver import ALERT_ID_HEADER, alert_deliver
 from apps.occurrences.alerts.dispatch import group_pending
 from apps.occurrences.alerts.lag import lag_alerts_record
+from apps.occurrences.alerts.tests.support import channel, dead_occurrence, receiver, rule
 from apps.occurrences.execution.reaper import attempts_reap
 from apps.occurrences.models import (
     Alert,
@@ -36,7 +37,6 @@ from apps.occurrences.models import (
 )
 from apps.occurrences.pipeline.materializer import materialize_pass
 from apps.occurrences.pipeline.partitions import partitions_ensure
-from apps.occurrences.tests.alerts.support import channel, dead_occurrence, receiver, rule
 from apps.occurrences.tests.support.pipeline import leases, materialize_config
 from apps.occurrences.tests.support.rows import occurrence, schedule
 from apps.schedules.models import Schedule

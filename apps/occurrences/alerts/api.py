@@ -32,8 +32,7 @@ from apps.occurrences.alerts.configure import (
 )
 from apps.occurrences.alerts.confirm import confirmation_resend
 from apps.occurrences.alerts.history import alerts_history
-from apps.occurrences.models import AlertChannel, AlertRule
-from apps.occurrences.serializers import (
+from apps.occurrences.alerts.serializers import (
     AlertChannelInputSerializer,
     AlertChannelSerializer,
     AlertListQuerySerializer,
@@ -44,6 +43,7 @@ from apps.occurrences.serializers import (
     channel_as_input,
     rule_as_input,
 )
+from apps.occurrences.models import AlertChannel, AlertRule
 from apps.tenants.authentication import principal_of
 from apps.tenants.services import (
     IdempotentResponse,

@@ -11,8 +11,8 @@ import pytest
 from django.utils import timezone
 
 from apps.occurrences.alerts.dispatch import group_pending
+from apps.occurrences.alerts.tests.support import channel, rule
 from apps.occurrences.models import Alert, AlertChannel, AlertDelivery, AlertEvent, AlertRule
-from apps.occurrences.tests.alerts.support import channel, rule
 from apps.schedules.tests.factories import make_schedule
 
 pytestmark = pytest.mark.django_db

@@ -1,0 +1,217 @@
+"""Group commit of successful completions in a worker's pool process (run.py hands them here).
+
+One transaction per completion was most of the execution path's PostgreSQL work
+(docs/performance.md "Execution path under sustained load"): a pool process runs one task at
+a time, so a short handler's completion is its own BEGIN, lease check, two updates and
+COMMIT. Here a SUCCEEDED completion of a schedule whose overlap policy is ALLOW is queued in
+the process, and a flusher thread writes every queued one in one transaction every
+`TICK_COMPLETION_GROUP_MS` (at once when `TICK_COMPLETION_GROUP_MAX` are queued), with the
+same per-row fencing as complete.py:
+
+a. lock the batch's attempts that still hold their lease (same token, unfinished), in id
+   order — a member the reaper or a newer attempt took over is left alone (stale, counted);
+b. set the occurrences of those attempts SUCCEEDED where they are still RUNNING with the
+   same attempt_count (a miss is stale as in complete.py, c);
+c. close exactly those attempts.
+Locks: attempts before occurrences, as in complete.py. A failure (an outage, a deadlock)
+rolls the whole batch back; its members stay queued for the next flush.
+
+What it changes and what it does not (docs/decisions.md "Group commit of completions"):
+- the acknowledgement rule is unchanged: a message is acknowledged once its claim committed
+  (tasks.py); the attempt and its lease remain the durable record of the run. A queued
+  completion lost with its process (a crash, a kill) is a lease that expires: the reaper
+  re-queues the occurrence and it runs again under the same id — exactly what happens today
+  to a completion that cannot be written (run.py);
+- only successes of ALLOW schedules are grouped: failures (retry decisions, DEAD alerts,
+  budgets), cancels and the QUEUE_ONE / SKIP_IF_RUNNING policies, whose next claim looks
+  for a RUNNING one, complete at once as before;
+- a grouped occurrence shows RUNNING (and counts in its tenant's running attempts, so in
+  quotas and the fair share) for at most the flush interval after its handler returned.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from celery import signals
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.backends.utils import CursorWrapper
+
+from apps.occurrences.execution.claim import Claim
+from apps.occurrences.models import Attempt, Occurrence
+from apps.occurrences.observability import metrics
+from apps.occurrences.pipeline.outages import drop_database_connection, outage_of
+from apps.schedules.models import Schedule
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One successful attempt waiting for the group commit."""
+
+    attempt_id: uuid.UUID
+    scheduled_for: datetime
+    lease_token: uuid.UUID
+    occurrence_id: uuid.UUID
+    attempt_no: int
+    finished_at: datetime
+
+    @classmethod
+    def of(cls, claim: Claim, finished_at: datetime) -> Completion:
+        ctx = claim.context
+        assert ctx is not None and claim.attempt_id is not None and claim.lease_token
+        return cls(claim.attempt_id, ctx.scheduled_for, claim.lease_token, ctx.occurrence_id,
+                   ctx.attempt_no, finished_at)  # fmt: skip
+
+
+def groupable(claim: Claim, error: BaseException | None) -> bool:
+    """Whether this completion may wait for the group commit (module docstring)."""
+    return (
+        error is None
+        and settings.TICK_COMPLETION_GROUP_MS > 0
+        and claim.overlap_policy == Schedule.OverlapPolicy.ALLOW
+        and claim.context is not None
+        and not claim.context.cancel_requested.is_set()
+    )
+
+
+def _arrays(batch: list[Completion]) -> dict[str, Any]:
+    return {
+        "ids": [c.attempt_id for c in batch],
+        "at": [c.scheduled_for for c in batch],
+        "tokens": [c.lease_token for c in batch],
+        "occurrences": [c.occurrence_id for c in batch],
+        "nos": [c.attempt_no for c in batch],
+        "finished": [c.finished_at for c in batch],
+    }
+
+
+_LOCK_HELD = """
+    SELECT a.id FROM occurrences_attempt a
+      JOIN unnest(%(ids)s::uuid[], %(at)s::timestamptz[], %(tokens)s::uuid[])
+           AS c(id, scheduled_for, lease_token)
+        ON a.id = c.id AND a.scheduled_for = c.scheduled_for AND a.lease_token = c.lease_token
+     WHERE a.finished_at IS NULL
+  ORDER BY a.id
+       FOR UPDATE OF a
+"""
+
+_SUCCEED_OCCURRENCES = """
+    UPDATE occurrences_occurrence o SET state = %(succeeded)s, finished_at = c.finished_at
+      FROM unnest(%(occurrences)s::uuid[], %(at)s::timestamptz[], %(nos)s::int[],
+                  %(finished)s::timestamptz[], %(ids)s::uuid[])
+           AS c(occurrence_id, scheduled_for, attempt_no, finished_at, attempt_id)
+     WHERE o.id = c.occurrence_id AND o.scheduled_for = c.scheduled_for
+       AND o.state = %(running)s AND o.attempt_count = c.attempt_no
+ RETURNING c.attempt_id
+"""
+
+_CLOSE_ATTEMPTS = """
+    UPDATE occurrences_attempt a
+       SET finished_at = c.finished_at, outcome = %(outcome)s, error_class = '',
+           error_message = ''
+      FROM unnest(%(ids)s::uuid[], %(at)s::timestamptz[], %(tokens)s::uuid[],
+                  %(finished)s::timestamptz[]) AS c(id, scheduled_for, lease_token, finished_at)
+     WHERE a.id = c.id AND a.scheduled_for = c.scheduled_for AND a.lease_token = c.lease_token
+       AND a.finished_at IS NULL
+"""
+
+
+def completions_record(batch: list[Completion]) -> set[uuid.UUID]:
+    """Write a batch of successful completions in one transaction (module docstring, a-c);
+    returns the attempt ids recorded (the others were stale and are left alone)."""
+    if not batch:
+        return set()
+    with transaction.atomic(), connection.cursor() as cursor:
+        held = _lock_held(cursor, batch)
+        members = [c for c in batch if c.attempt_id in held]
+        if not members:
+            return set()
+        params = _arrays(members)
+        cursor.execute(_SUCCEED_OCCURRENCES, {
+            **params, "succeeded": Occurrence.State.SUCCEEDED, "running": Occurrence.State.RUNNING,
+        })  # fmt: skip
+        recorded = {row[0] for row in cursor.fetchall()}
+        closing = [c for c in members if c.attempt_id in recorded]
+        if closing:
+            cursor.execute(_CLOSE_ATTEMPTS, {**_arrays(closing),
+                                             "outcome": Attempt.Outcome.SUCCEEDED})  # fmt: skip
+    return recorded
+
+
+def _lock_held(cursor: CursorWrapper, batch: list[Completion]) -> set[uuid.UUID]:
+    cursor.execute(_LOCK_HELD, _arrays(batch))
+    return {row[0] for row in cursor.fetchall()}
+
+
+class CompletionGroup:
+    """The queue of this process's successful completions and its flusher thread."""
+
+    def __init__(self, *, flusher: bool = True) -> None:
+        self._flusher = flusher  # False: only `flush` writes (tests)
+        self._pending: list[Completion] = []
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def add(self, completion: Completion) -> None:
+        with self._lock:
+            self._pending.append(completion)
+            full = len(self._pending) >= settings.TICK_COMPLETION_GROUP_MAX
+            if self._flusher and (self._thread is None or not self._thread.is_alive()):
+                self._thread = threading.Thread(
+                    target=self._run, name="tick-completion-group", daemon=True
+                )
+                self._thread.start()
+        if full:
+            self._wake.set()
+
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._pending)
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait(settings.TICK_COMPLETION_GROUP_MS / 1000)
+            self._wake.clear()
+            self.flush()
+
+    def flush(self) -> int:
+        """Write what is queued now; on a failure the batch stays queued. Returns the number
+        of completions written or found stale."""
+        with self._lock:
+            batch, self._pending = self._pending, []
+        if not batch:
+            return 0
+        try:
+            recorded = completions_record(batch)
+        except Exception as exc:  # noqa: BLE001 - retried at the next flush; the lease bounds it
+            if outage_of(exc) is not None:
+                drop_database_connection()
+            log.warning("group commit of %d completions failed (%r); retried", len(batch), exc)
+            with self._lock:
+                self._pending = batch + self._pending
+            return 0
+        stale = len(batch) - len(recorded)
+        if stale:
+            metrics.stale_completions.inc(stale)
+        if recorded:
+            metrics.attempts_finished.labels(outcome=Attempt.Outcome.SUCCEEDED).inc(len(recorded))
+        return len(batch)
+
+
+group = CompletionGroup()
+
+
+@signals.worker_process_shutdown.connect
+def _flush_at_shutdown(**_: Any) -> None:
+    # A pool process that ends normally writes what it queued; one killed leaves it to the
+    # reaper (module docstring).
+    group.flush()
