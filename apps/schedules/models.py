@@ -9,6 +9,7 @@ import uuid
 
 from django.contrib.postgres.indexes import GinIndex, OpClass
 from django.db import models
+from django.db.models import JSONField, Value
 from django.db.models.functions import Upper
 
 from apps.schedules import rule_options
@@ -75,6 +76,10 @@ class Schedule(models.Model):
     payload = models.JSONField(default=dict, blank=True)
     # Run-time limit of one attempt; NULL = the handler's default (execution/registry.py).
     timeout_s = models.PositiveIntegerField(null=True, blank=True)
+    # `key=value` labels (apps/schedules/labels.py): not part of the definition, so a change
+    # of labels makes no version.
+    # The database default too: bulk loaders and benchmarks insert rows with raw SQL.
+    labels = models.JSONField(default=dict, db_default=Value({}, JSONField()), blank=True)
 
     # Server-owned: never mass-assigned from the API.
     version = models.PositiveIntegerField(default=1)
@@ -111,6 +116,9 @@ class Schedule(models.Model):
             # UPPER(name) LIKE UPPER(…)) through a trigram index instead of a table scan.
             # Created by explicit SQL in migration 0002 (Django renders this OpClass badly).
             GinIndex(OpClass(Upper("name"), name="gin_trgm_ops"), name="schedule_name_trgm_idx"),
+            # GET /api/v1/schedules?label=k=v: `labels @> {"k": "v"}` (docs/decisions.md
+            # "Labels"); jsonb_path_ops holds one hash per pair, smaller than jsonb_ops.
+            GinIndex(fields=["labels"], opclasses=["jsonb_path_ops"], name="schedule_labels_idx"),
         ]
         constraints = [
             models.CheckConstraint(

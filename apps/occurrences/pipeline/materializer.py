@@ -242,19 +242,13 @@ DISTANT_PAST = datetime(1970, 1, 1, tzinfo=UTC)
 
 # The outbox rows of the occurrences just inserted that are due to fire.
 _INSERTED_OUTBOX = outbox_insert(
-    occurrence_id="r.id",
-    scheduled_for="r.scheduled_for",
-    schedule_id="r.schedule_id",
-    schedule_version="r.version",
-    tenant_id="r.tenant_id",
-    shard="r.shard",
-    lane="r.lane",
-    available_at="r.available_at",
-    created_at="%(now)s",
+    occurrence_id="r.id", scheduled_for="r.scheduled_for", schedule_id="r.schedule_id",
+    schedule_version="r.version", tenant_id="r.tenant_id", shard="r.shard", lane="r.lane",
+    available_at="r.available_at", created_at="%(now)s",
     source="FROM ins JOIN rows r ON r.id = ins.id AND r.scheduled_for = ins.scheduled_for"
     " WHERE ins.state = %(scheduled_state)s",
     returning="RETURNING 1",
-)
+)  # fmt: skip
 
 _INSERT_OCCURRENCES = f"""
     WITH rows AS (

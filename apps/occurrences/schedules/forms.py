@@ -17,6 +17,7 @@ from apps.occurrences.schedules.serializers import (
     SchedulePreviewDraftSerializer,
     update_serializer,
 )
+from apps.schedules.labels import LabelError, parse_label_lines
 from apps.schedules.models import Schedule
 from apps.tenants.models import Tenant
 
@@ -68,6 +69,11 @@ class ScheduleForm(forms.Form):
     payload = forms.CharField(
         required=False, label="Payload (JSON)", widget=forms.Textarea(attrs={"rows": 4}),
         help_text='Handed to the handler (webhook: {"url": "https://…"}).',
+    )  # fmt: skip
+    labels = forms.CharField(
+        required=False, label="Labels", widget=forms.Textarea(attrs={"rows": 2}),
+        help_text="One key=value per line (customer=42), to find and change schedules "
+        "together. Keys: a-z 0-9 . _ / -.",
     )  # fmt: skip
     precision = forms.ChoiceField(
         label="Precision", choices=_lower(Schedule.Precision),
@@ -129,7 +135,7 @@ class ScheduleForm(forms.Form):
 
     # The page shows these first; the rest under "Advanced" (docs/ui.md "Schedule form").
     COMMON = ("name", "kind", "expression", "run_at", "interval_every", "interval_unit",
-              "time_zone", "handler", "payload")  # fmt: skip
+              "time_zone", "handler", "payload", "labels")  # fmt: skip
 
     def common_fields(self) -> list[forms.BoundField]:
         return [self[name] for name in self.COMMON]
@@ -165,6 +171,12 @@ class ScheduleForm(forms.Form):
         except json.JSONDecodeError as err:
             raise forms.ValidationError(f"Not valid JSON: {err.msg} (line {err.lineno}).") from None
 
+    def clean_labels(self) -> dict[str, str]:
+        try:
+            return parse_label_lines((self.cleaned_data.get("labels") or "").splitlines())
+        except LabelError as err:
+            raise forms.ValidationError(err.message) from None
+
     def api_data(self) -> dict[str, Any]:
         """The cleaned form as the API's create body (blank optional fields omitted)."""
         data = self.cleaned_data
@@ -179,6 +191,7 @@ class ScheduleForm(forms.Form):
             "dst_fold": data["dst_fold"],
             "handler": data.get("handler") or "",
             "payload": data.get("payload", {}),
+            "labels": data.get("labels", {}),
         }
         # Both timing fields are always sent, so an edit that switches the kind (or clears a
         # bound) replaces the saved value instead of inheriting it through the PATCH merge.

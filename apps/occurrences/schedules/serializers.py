@@ -24,6 +24,12 @@ from apps.occurrences.manual_runs import BackfillOnly
 from apps.occurrences.schedule_health import RUN_STATES, ScheduleHealth, schedules_health
 from apps.occurrences.selectors import next_runs_shown
 from apps.schedules import timerules
+from apps.schedules.labels import (
+    DEFAULT_LABEL_LIMIT,
+    LabelError,
+    label_errors,
+    parse_label_filter,
+)
 from apps.schedules.models import Schedule, ScheduleEvent
 from apps.schedules.services import ScheduleSpec
 from apps.tenants.text import refuse_control_characters
@@ -92,6 +98,17 @@ class ScheduleCreateSerializer(serializers.Serializer[Any]):
     end_at = serializers.DateTimeField(required=False, allow_null=True, default=None)
     handler = StrictCharField(max_length=100)
     payload = serializers.JSONField(required=False, default=dict)
+    labels = serializers.DictField(
+        child=StrictCharField(trim_whitespace=False, allow_blank=True),
+        required=False,
+        default=dict,
+        help_text=(
+            "Up to the tenant's max_labels_per_schedule (10) `key: value` pairs, e.g. "
+            '{"customer": "42"}. Keys: 1 to 63 of a-z 0-9 . _ / - starting with a letter or '
+            "digit; values: 1 to 100 characters. Not part of the definition: a change of "
+            "labels makes no new version."
+        ),
+    )
     # The tenant's `max_timeout_s` is checked by the service, under the tenant lock.
     timeout_s = StrictIntegerField(
         min_value=1,
@@ -152,6 +169,16 @@ class ScheduleCreateSerializer(serializers.Serializer[Any]):
                 f"Unknown handler {value!r}; registered: {', '.join(handler_names())}."
             )
         return value
+
+    def validate_labels(self, value: Any) -> dict[str, str]:
+        tenant = self.context.get("tenant")
+        limit = tenant.max_labels_per_schedule if tenant is not None else DEFAULT_LABEL_LIMIT
+        errors = label_errors(value, limit=limit)
+        if "labels" in errors:  # the whole: over the quota
+            raise serializers.ValidationError(errors["labels"])
+        if errors:  # one pair each, answered as `labels.<key>`
+            raise serializers.ValidationError({f[len("labels.") :]: m for f, m in errors.items()})
+        return dict(value)
 
     def validate_payload(self, value: Any) -> Any:
         # Measured as stored (compact UTF-8 JSON), so the cap means the same for any client.
@@ -297,6 +324,7 @@ class ScheduleCreateSerializer(serializers.Serializer[Any]):
             handler=data["handler"],
             payload=data["payload"],
             timeout_s=data["timeout_s"],
+            labels=data["labels"],
         )
 
 
@@ -346,8 +374,8 @@ class ScheduleSerializer(serializers.ModelSerializer[Schedule]):
             "dst_fold",
             "start_at", "end_at", "precision", "flexible_window_s", "misfire_policy",
             "max_lateness_s", "catchup_limit", "overlap_policy", "handler", "payload",
-            "timeout_s", "version", "state", "next_run_at", "created_at", "updated_at",
-            "next_fires", "last_run", "last_success_at", "success_rate",
+            "timeout_s", "labels", "version", "state", "next_run_at", "created_at",
+            "updated_at", "next_fires", "last_run", "last_success_at", "success_rate",
         ]  # fmt: skip
         read_only_fields = fields
         extra_kwargs = {
@@ -495,6 +523,7 @@ def schedule_as_input(schedule: Schedule) -> dict[str, Any]:
         "handler": schedule.handler,
         "payload": schedule.payload,
         "timeout_s": schedule.timeout_s,
+        "labels": dict(schedule.labels),
     }
 
 
@@ -518,6 +547,22 @@ class ScheduleListQuerySerializer(serializers.Serializer[Any]):
     # Case-insensitive substring of the name, served by a trigram index; two characters or
     # fewer would match nearly everything and make the index useless.
     q = serializers.CharField(min_length=3, max_length=200, required=False, trim_whitespace=False)
+
+    def get_fields(self) -> dict[str, serializers.Field[Any, Any, Any, Any]]:
+        fields = super().get_fields()
+        # `label` is a Field attribute (its display name): declared here, not on the class.
+        fields["label"] = serializers.ListField(
+            child=serializers.CharField(max_length=200, trim_whitespace=False),
+            required=False,
+            help_text="`key=value`; repeat the parameter for several labels (all must match).",
+        )
+        return fields
+
+    def validate_label(self, value: list[str]) -> list[tuple[str, str]]:
+        try:
+            return [parse_label_filter(text) for text in value]
+        except LabelError as err:
+            raise serializers.ValidationError(err.message) from None
 
     def validate_state(self, value: str) -> Schedule.State:
         return Schedule.State(value)

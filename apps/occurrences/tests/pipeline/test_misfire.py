@@ -21,7 +21,7 @@ from apps.occurrences.tests.support.pipeline import leases, materialize_config, 
 from apps.schedules.models import Schedule, ScheduleEvent
 from apps.schedules.tests.factories import make_schedule
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.clock_edge]
 
 LATENESS_S = 20
 OUTAGE_MINUTES = 10
