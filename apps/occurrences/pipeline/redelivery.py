@@ -31,7 +31,8 @@ from apps.occurrences.pipeline.outbox import outbox_insert
 _REDELIVERED_OUTBOX = outbox_insert(
     occurrence_id="id", scheduled_for="scheduled_for", schedule_id="schedule_id",
     schedule_version="schedule_version", tenant_id="tenant_id", shard="shard", lane="%(lane)s",
-    available_at="%(now)s", created_at="%(now)s", source="FROM redelivered", returning="RETURNING 1",
+    available_at="%(now)s", created_at="%(now)s", source="FROM redelivered",
+    returning="RETURNING 1",
 )  # fmt: skip
 
 # `lost` walks occurrence_open_idx (unfinished occurrences by instant: the in-flight work
