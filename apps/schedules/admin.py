@@ -11,6 +11,7 @@ from apps.core.admin_base import TickModelAdmin, staff_actor
 from apps.schedules.labels import DEFAULT_LABEL_LIMIT, label_errors
 from apps.schedules.models import Schedule, ScheduleEvent, ScheduleVersion
 from apps.schedules.services import schedule_rename
+from apps.schedules.timerules import interval_rule_words
 from apps.tenants.readable import detail_text, instant_text
 
 
@@ -43,7 +44,7 @@ class ScheduleEventInline(admin.TabularInline[ScheduleEvent, Schedule]):
 
 @admin.register(Schedule)
 class ScheduleAdmin(TickModelAdmin[Schedule]):
-    list_display = ["name", "tenant", "kind", "expression", "time_zone", "state", "version",
+    list_display = ["name", "tenant", "kind", "rule", "time_zone", "state", "version",
                     "next_run", "timeout", "shard", "occurrences_link"]  # fmt: skip
     list_filter = ["state", "kind", "precision", "misfire_policy", "handler"]
     search_fields = ["name", "=id", "tenant__slug"]
@@ -68,6 +69,13 @@ class ScheduleAdmin(TickModelAdmin[Schedule]):
 
     def has_delete_permission(self, request: object, obj: object = None) -> bool:
         return False  # cancel, never delete: history stays for audit
+
+    @admin.display(description="Rule")
+    def rule(self, obj: Schedule) -> str:
+        """The cron expression, or a fixed rate's period and anchor in words."""
+        if obj.kind == Schedule.Kind.INTERVAL and obj.interval_s and obj.start_at:
+            return interval_rule_words(obj.interval_s, obj.start_at)
+        return obj.expression or "—"
 
     @admin.display(description="Next run", ordering="next_run_at")
     def next_run(self, obj: Schedule) -> str:

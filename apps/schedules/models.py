@@ -20,6 +20,7 @@ class Schedule(models.Model):
     class Kind(models.TextChoices):
         ONE_SHOT = "ONE_SHOT", "One-shot"
         CRON = "CRON", "Cron"
+        INTERVAL = "INTERVAL", "Fixed rate"
 
     class State(models.TextChoices):
         ACTIVE = "ACTIVE", "Active"
@@ -46,11 +47,19 @@ class Schedule(models.Model):
     DstFold = rule_options.DstFold
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="schedules")
+    # No index of its own: every index below except the due scan's leads with tenant_id, and
+    # each advance of next_run_at (non-HOT: next_run_at is indexed) wrote one more entry
+    # into it (docs/decisions.md "Fewer schedule index writes").
+    tenant = models.ForeignKey(
+        Tenant, on_delete=models.PROTECT, related_name="schedules", db_index=False
+    )
     name = models.CharField(max_length=200)
     kind = models.CharField(max_length=16, choices=Kind.choices)
     expression = models.CharField(max_length=200, blank=True, default="")
     run_at = models.DateTimeField(null=True, blank=True)
+    # A fixed-rate schedule's period in seconds; its instants are start_at + k * interval_s
+    # (elapsed time, never moved by DST: docs/timerules.md "Fixed-rate schedules").
+    interval_s = models.PositiveIntegerField(null=True, blank=True)
     # Kept as given (IANA name); wall-clock evaluation happens only in timerules/.
     time_zone = models.CharField(max_length=64, default="UTC")
     dst_gap = models.CharField(max_length=8, choices=DstGap.choices, default=DstGap.SKIP.value)
@@ -142,6 +151,14 @@ class Schedule(models.Model):
                 | models.Q(start_at__isnull=True)
                 | models.Q(end_at__gt=models.F("start_at")),
                 name="schedule_end_after_start",
+            ),
+            # A fixed rate needs its period and its anchor; the bounds are timerules'.
+            models.CheckConstraint(
+                condition=~models.Q(kind="INTERVAL")
+                | models.Q(
+                    interval_s__gte=60, interval_s__lte=366 * 86_400, start_at__isnull=False
+                ),
+                name="schedule_interval_defined",
             ),
         ]
 

@@ -34,6 +34,7 @@ DEFINITION_FIELDS = (
     "kind",
     "expression",
     "run_at",
+    "interval_s",
     "time_zone",
     "dst_gap",
     "dst_fold",
@@ -61,6 +62,8 @@ class ScheduleSpec:
     handler: str
     expression: str = ""
     run_at: datetime | None = None
+    # A fixed rate's period; its anchor is start_at (the serializer defaults it to "now").
+    interval_s: int | None = None
     dst_gap: str = Schedule.DstGap.SKIP
     dst_fold: str = Schedule.DstFold.FIRST
     start_at: datetime | None = None
@@ -91,6 +94,11 @@ def first_run_at(*, timing: Timing, now: datetime) -> datetime | None:
     """The first instant to materialize for a new definition, or None if none remains."""
     if timing.kind == Schedule.Kind.ONE_SHOT:
         return timing.run_at
+    if timing.kind == Schedule.Kind.INTERVAL:
+        found = timerules.interval_fire_times(
+            _period(timing), _anchor(timing), now, 1, end_at=timing.end_at
+        )
+        return found[0] if found else None
     return timerules.next_fire_time(
         timing.expression,
         timing.time_zone,
@@ -100,6 +108,16 @@ def first_run_at(*, timing: Timing, now: datetime) -> datetime | None:
         start_at=timing.start_at,
         end_at=timing.end_at,
     )
+
+
+def _period(timing: Timing) -> int:
+    assert timing.interval_s is not None, "a fixed-rate definition has its period"
+    return timing.interval_s
+
+
+def _anchor(timing: Timing) -> datetime:
+    assert timing.start_at is not None, "a fixed-rate definition has its anchor (start_at)"
+    return timing.start_at
 
 
 def _definition(schedule: Schedule) -> dict[str, Any]:
@@ -150,7 +168,17 @@ def rule_min_gap_s(*, expression: str) -> int | None:
     return int(min(gaps)) if gaps else None
 
 
-def _check_rule_interval(*, tenant: Tenant, kind: str, expression: str) -> None:
+def _check_rule_interval(
+    *, tenant: Tenant, kind: str, expression: str, interval_s: int | None = None
+) -> None:
+    if kind == Schedule.Kind.INTERVAL and interval_s is not None:
+        if interval_s < tenant.min_interval_s:
+            raise RuleTooFrequent(
+                f"interval_s is {interval_s} s; this tenant allows at least "
+                f"{tenant.min_interval_s} s between fires.",
+                field="interval_s",
+            )
+        return
     if kind != Schedule.Kind.CRON:
         return
     gap = rule_min_gap_s(expression=expression)
@@ -196,7 +224,9 @@ def schedule_create(*, tenant: Tenant, spec: ScheduleSpec, actor: str) -> Schedu
     Tenant quotas (rule frequency, active schedules) are checked here, under the tenant lock.
     """
     tenant = _lock_tenant_with_capacity(tenant=tenant)
-    _check_rule_interval(tenant=tenant, kind=spec.kind, expression=spec.expression)
+    _check_rule_interval(
+        tenant=tenant, kind=spec.kind, expression=spec.expression, interval_s=spec.interval_s
+    )
     _check_timeout(tenant=tenant, timeout_s=spec.timeout_s)
     now = timezone.now()
     schedule_id = uuid.uuid4()
@@ -208,6 +238,7 @@ def schedule_create(*, tenant: Tenant, spec: ScheduleSpec, actor: str) -> Schedu
         kind=spec.kind,
         expression=spec.expression,
         run_at=spec.run_at,
+        interval_s=spec.interval_s,
         time_zone=spec.time_zone,
         dst_gap=spec.dst_gap,
         dst_fold=spec.dst_fold,
@@ -244,6 +275,11 @@ def schedule_preview(
         if timing.run_at is None or timing.run_at <= after:
             return []
         return [timerules.preview_one_shot(timing.run_at, timing.time_zone)]
+    if timing.kind == Schedule.Kind.INTERVAL:
+        return timerules.interval_preview(
+            _period(timing), _anchor(timing), timing.time_zone, after, count,
+            end_at=timing.end_at,
+        )  # fmt: skip
     return timerules.preview(
         timing.expression,
         timing.time_zone,
@@ -352,12 +388,14 @@ def check_tenant_limits(*, schedule: Schedule, spec: ScheduleSpec, changed: list
     """Refuse a changed rule that fires closer together than the tenant allows, or a changed
     run-time limit above the tenant's maximum (an unchanged one stays, even if the maximum
     was lowered since: the worker caps it)."""
-    checks_rule = bool({"kind", "expression"} & set(changed))
+    checks_rule = bool({"kind", "expression", "interval_s"} & set(changed))
     if not checks_rule and "timeout_s" not in changed:
         return
     tenant = Tenant.objects.get(pk=schedule.tenant_id)
     if checks_rule:
-        _check_rule_interval(tenant=tenant, kind=spec.kind, expression=spec.expression)
+        _check_rule_interval(
+            tenant=tenant, kind=spec.kind, expression=spec.expression, interval_s=spec.interval_s
+        )
     if "timeout_s" in changed:
         _check_timeout(tenant=tenant, timeout_s=spec.timeout_s)
 

@@ -27,6 +27,10 @@ def zone_names() -> list[str]:
     return sorted(zoneinfo.available_timezones())
 
 
+# The form's units of a fixed rate's period (seconds each), largest first.
+INTERVAL_UNITS = ((86_400, "days"), (3_600, "hours"), (60, "minutes"), (1, "seconds"))
+
+
 def _lower(choices: type[Any]) -> list[tuple[str, str]]:
     return [(value.lower(), label) for value, label in choices.choices]
 
@@ -38,6 +42,7 @@ class ScheduleForm(forms.Form):
         choices=[
             (Schedule.Kind.CRON.lower(), "Repeating (cron rule)"),
             (Schedule.Kind.ONE_SHOT.lower(), "Once (one-shot)"),
+            (Schedule.Kind.INTERVAL.lower(), "Every N minutes/hours (fixed rate)"),
         ],
     )
     expression = forms.CharField(
@@ -49,6 +54,15 @@ class ScheduleForm(forms.Form):
     run_at = forms.CharField(
         max_length=64, required=False, label="Run at",
         help_text="2026-03-08T09:30 (the zone's local time) or with an offset or Z.",
+    )  # fmt: skip
+    interval_every = forms.IntegerField(
+        min_value=1, required=False, label="Every",
+        help_text="Fixed rate: runs this far apart in elapsed time from 'Active from' (blank "
+        "= now), never moved by DST — at least a minute, at most 366 days.",
+    )  # fmt: skip
+    interval_unit = forms.ChoiceField(
+        label="Unit", choices=[(str(size), name) for size, name in INTERVAL_UNITS],
+        initial="60", required=False,
     )  # fmt: skip
     time_zone = forms.CharField(max_length=64, initial="UTC", label="Time zone (IANA)")
     handler = forms.ChoiceField(choices=(), label="Handler")
@@ -125,8 +139,8 @@ class ScheduleForm(forms.Form):
     )  # fmt: skip
 
     # The page shows these first; the rest under "Advanced" (docs/ui.md "Schedule form").
-    COMMON = ("name", "kind", "expression", "run_at", "time_zone", "handler", "payload",
-              "labels")  # fmt: skip
+    COMMON = ("name", "kind", "expression", "run_at", "interval_every", "interval_unit",
+              "time_zone", "handler", "payload", "labels")  # fmt: skip
 
     def common_fields(self) -> list[forms.BoundField]:
         return [self[name] for name in self.COMMON]
@@ -140,6 +154,11 @@ class ScheduleForm(forms.Form):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        period = self.initial.get("interval_s")
+        if period:  # editing a fixed rate: the largest unit that divides its period
+            size = next(size for size, _ in INTERVAL_UNITS if period % size == 0)
+            self.initial["interval_every"] = period // size
+            self.initial["interval_unit"] = str(size)
         # No handler preselected: `record` is the demo's, not for production (README). Not
         # required here: the live preview works before one is chosen, and a save without one
         # is refused by the API's serializer under the field.
@@ -181,9 +200,16 @@ class ScheduleForm(forms.Form):
         }
         # Both timing fields are always sent, so an edit that switches the kind (or clears a
         # bound) replaces the saved value instead of inheriting it through the PATCH merge.
+        body["interval_s"] = None
         if data["kind"] == "cron":
             body["expression"] = (data.get("expression") or "").strip()
             body["run_at"] = None
+        elif data["kind"] == "interval":
+            body["expression"] = ""
+            body["run_at"] = None
+            every = data.get("interval_every")
+            unit = int(data.get("interval_unit") or 60)  # minutes unless told
+            body["interval_s"] = every * unit if every else None
         else:
             body["expression"] = ""
             body["run_at"] = (data.get("run_at") or "").strip() or None
@@ -199,10 +225,15 @@ class ScheduleForm(forms.Form):
         return body
 
 
+# API fields the form collects under another name.
+_FORM_FIELD = {"interval_s": "interval_every"}
+
+
 def _merge_errors(form: forms.Form, errors: Any) -> None:
     for field, messages in dict(errors).items():
         # A payload's own field (`payload.url`) is shown on the payload box, named.
         top, _, inner = field.partition(".")
+        top = _FORM_FIELD.get(top, top)
         target = top if top in form.fields else None
         for message in messages if isinstance(messages, list) else [messages]:
             form.add_error(target, f"{inner}: {message}" if inner else str(message))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -41,7 +41,11 @@ SERVER_OWNED = {"id", "version", "state", "next_run_at", "tenant", "shard", "cre
 # The largest value a PositiveIntegerField column holds.
 POSITIVE_INT_MAX = 2_147_483_647
 
-KIND_IN = {"cron": Schedule.Kind.CRON, "one_shot": Schedule.Kind.ONE_SHOT}
+KIND_IN = {
+    "cron": Schedule.Kind.CRON,
+    "one_shot": Schedule.Kind.ONE_SHOT,
+    "interval": Schedule.Kind.INTERVAL,
+}
 KIND_OUT = {v: k for k, v in KIND_IN.items()}
 
 
@@ -59,6 +63,17 @@ class ScheduleCreateSerializer(serializers.Serializer[Any]):
     # An instant with offset ("2026-03-08T09:30:00-05:00", "...Z") or a local wall time in
     # time_zone ("2026-03-08T09:30"); resolved to UTC by timerules.resolve_one_shot.
     run_at = StrictCharField(max_length=64, required=False, allow_null=True, default=None)
+    # A fixed rate's period (kind "interval"); its anchor is start_at, "now" when absent.
+    interval_s = StrictIntegerField(
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text=(
+            f"Fixed-rate period in seconds (kind interval only): runs at start_at + k * "
+            f"interval_s by elapsed time, never moved by DST. {timerules.MIN_INTERVAL_S} to "
+            f"{timerules.MAX_INTERVAL_S} (366 days), and at least the tenant's min_interval_s."
+        ),
+    )
     time_zone = StrictCharField(max_length=64, default="UTC")
     precision = serializers.ChoiceField(
         choices=_lower_choices(Schedule.Precision), default=Schedule.Precision.STRICT.lower()
@@ -196,6 +211,17 @@ class ScheduleCreateSerializer(serializers.Serializer[Any]):
         def add(field: str, message: str) -> None:
             errors.setdefault(field, []).append(message)
 
+        if (
+            KIND_IN.get(attrs.get("kind", "")) == Schedule.Kind.INTERVAL
+            and attrs.get("start_at", "") is None
+        ):
+            # The anchor of a fixed rate: now, rounded up to the second, so the first run is
+            # the anchor itself (docs/timerules.md "Fixed-rate schedules").
+            now = timezone.now()
+            attrs["start_at"] = now.replace(microsecond=0) + timedelta(
+                seconds=1 if now.microsecond else 0
+            )
+
         zone_ok = "time_zone" in attrs
         try:
             if zone_ok:
@@ -209,7 +235,11 @@ class ScheduleCreateSerializer(serializers.Serializer[Any]):
         except timerules.TimeRuleError as err:
             add(err.field, err.message)
         kind = KIND_IN.get(attrs.get("kind", ""))
-        if kind == Schedule.Kind.CRON:
+        if kind != Schedule.Kind.INTERVAL and attrs.get("interval_s") is not None:
+            add("interval_s", "Only a fixed-rate (interval) schedule takes interval_s.")
+        if kind == Schedule.Kind.INTERVAL:
+            self._interval_errors(attrs, add)
+        elif kind == Schedule.Kind.CRON:
             if attrs.get("run_at") is not None:
                 add("run_at", "A cron schedule takes no run_at.")
             try:
@@ -244,6 +274,20 @@ class ScheduleCreateSerializer(serializers.Serializer[Any]):
             add("payload" if err.field == "payload" else f"payload.{err.field}", err.message)
         return errors
 
+    @staticmethod
+    def _interval_errors(attrs: dict[str, Any], add: Callable[[str, str], None]) -> None:
+        if attrs.get("expression"):
+            add("expression", "A fixed-rate schedule takes interval_s, not an expression.")
+        if attrs.get("run_at") is not None:
+            add("run_at", "A fixed-rate schedule takes no run_at; start_at is its anchor.")
+        if "interval_s" in attrs and attrs["interval_s"] is None:
+            add("interval_s", "A fixed-rate schedule needs interval_s (seconds between runs).")
+        elif "interval_s" in attrs:
+            try:
+                timerules.validate_interval(attrs["interval_s"])
+            except timerules.TimeRuleError as err:
+                add(err.field, err.message)
+
     def _resolve_run_at(self, attrs: dict[str, Any]) -> None:
         """A one-shot's run_at in UTC, refused if already later than max_lateness_s allows."""
         attrs["run_at"] = timerules.resolve_one_shot(
@@ -271,6 +315,7 @@ class ScheduleCreateSerializer(serializers.Serializer[Any]):
             kind=KIND_IN[data["kind"]],
             expression=data["expression"],
             run_at=data["run_at"],
+            interval_s=data["interval_s"],
             time_zone=data["time_zone"],
             dst_gap=data["dst_gap"],
             dst_fold=data["dst_fold"],
@@ -332,7 +377,8 @@ class ScheduleSerializer(serializers.ModelSerializer[Schedule]):
         model = Schedule
         list_serializer_class = ScheduleListSerializer
         fields = [
-            "id", "name", "kind", "expression", "run_at", "time_zone", "dst_gap", "dst_fold",
+            "id", "name", "kind", "expression", "run_at", "interval_s", "time_zone", "dst_gap",
+            "dst_fold",
             "start_at", "end_at", "precision", "flexible_window_s", "misfire_policy",
             "max_lateness_s", "catchup_limit", "overlap_policy", "handler", "payload",
             "timeout_s", "labels", "pause_after_dead", "dead_streak", "version", "state",
@@ -343,6 +389,8 @@ class ScheduleSerializer(serializers.ModelSerializer[Schedule]):
         extra_kwargs = {
             "timeout_s": {"help_text": "Run-time limit of one attempt, in seconds; null = the "
                           "handler's default."},
+            "interval_s": {"help_text": "Fixed-rate period in seconds (kind interval); null "
+                           "for the other kinds. start_at is its anchor."},
         }  # fmt: skip
 
     def get_kind(self, obj: Schedule) -> str:
@@ -421,10 +469,15 @@ class ScheduleSerializer(serializers.ModelSerializer[Schedule]):
             return []
         if obj.kind == Schedule.Kind.ONE_SHOT:
             return [timerules.instant_text(obj.next_run_at)]
-        fires = [obj.next_run_at] + timerules.next_fire_times(
-            obj.expression, obj.time_zone, obj.next_run_at, 4,
-            dst_gap=obj.dst_gap, dst_fold=obj.dst_fold,
-        )  # fmt: skip
+        if obj.kind == Schedule.Kind.INTERVAL and obj.interval_s and obj.start_at:
+            fires = [obj.next_run_at] + timerules.interval_fire_times(
+                obj.interval_s, obj.start_at, obj.next_run_at, 4, end_at=obj.end_at
+            )
+        else:
+            fires = [obj.next_run_at] + timerules.next_fire_times(
+                obj.expression, obj.time_zone, obj.next_run_at, 4,
+                dst_gap=obj.dst_gap, dst_fold=obj.dst_fold,
+            )  # fmt: skip
         if obj.end_at is not None:  # bounds are half-open: [start_at, end_at)
             fires = [f for f in fires if f < obj.end_at]
         return [timerules.instant_text(f) for f in fires]
@@ -463,6 +516,7 @@ def schedule_as_input(schedule: Schedule) -> dict[str, Any]:
         "kind": KIND_OUT[Schedule.Kind(schedule.kind)],
         "expression": schedule.expression,
         "run_at": iso(schedule.run_at),
+        "interval_s": schedule.interval_s,
         "time_zone": schedule.time_zone,
         "precision": schedule.precision.lower(),
         "flexible_window_s": schedule.flexible_window_s,

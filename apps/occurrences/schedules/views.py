@@ -78,7 +78,7 @@ from apps.schedules.services import (
     schedule_preview,
     schedule_preview_saved,
 )
-from apps.schedules.timerules import TimeRuleError
+from apps.schedules.timerules import TimeRuleError, interval_rule_words
 from apps.tenants.page_lists import PageList, page_list
 from apps.tenants.web import actor_of, admin_only, tenant_page, tick_of
 
@@ -325,9 +325,13 @@ def schedule_preview_draft(request: HttpRequest) -> HttpResponse:
         return render(request, "tick/_preview.html", {"form": form, "entries": None})
     now = timezone.now()
     spec = serializer.to_spec()
+    words = None
+    if spec.kind == Schedule.Kind.INTERVAL and spec.interval_s and spec.start_at:
+        words = interval_rule_words(spec.interval_s, spec.start_at)
+        words = words[:1].upper() + words[1:]
     return render(request, "tick/_preview.html", {
         "form": form, "entries": schedule_preview(timing=spec, after=now, count=10),
-        "dst_changes": schedule_dst_changes(timing=spec, now=now),
+        "dst_changes": schedule_dst_changes(timing=spec, now=now), "words": words,
     })  # fmt: skip
 
 

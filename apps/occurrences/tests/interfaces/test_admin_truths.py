@@ -14,6 +14,7 @@ from django.utils import timezone
 from apps.occurrences.models import Occurrence
 from apps.occurrences.schedule_changes import schedule_pause
 from apps.occurrences.tests.support.rows import occurrence, schedule
+from apps.schedules.models import Schedule, ScheduleEvent
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("partitions_around_today")]
 
@@ -84,3 +85,30 @@ def test_a_tenant_offers_no_delete(client, root, tenant_a):
 
     assert "deletelink" not in page
     assert client.get(f"/admin/tenants/tenant/{tenant_a.id}/delete/").status_code == 403
+
+
+def test_the_tenant_page_counts_schedules_and_running_occurrences(client, root, tenant_a):
+    # The counts need the higher apps: apps/occurrences/admin.py registers them over the
+    # tenants app's own admin.
+    sched = schedule(tenant_a)
+    occurrence(sched, timezone.now() - timedelta(minutes=1), state=Occurrence.State.RUNNING)
+
+    page = client.get(f"/admin/tenants/tenant/{tenant_a.pk}/change/").content.decode()
+
+    assert "Active + paused schedules" in page
+    assert f"1 / {tenant_a.max_active_schedules}" in page
+    assert "Running occurrences (last 2 days)" in page
+    assert f"1 / {tenant_a.max_running}" in page
+
+
+def test_the_schedule_list_pauses_through_the_lifecycle_service(client, root, tenant_a):
+    sched = schedule(tenant_a)
+
+    client.post(
+        "/admin/schedules/schedule/",
+        {"action": "pause", "_selected_action": [str(sched.pk)]},
+    )
+
+    sched.refresh_from_db()
+    assert sched.state == Schedule.State.PAUSED
+    assert sched.events.filter(kind=ScheduleEvent.Kind.PAUSED).count() == 1

@@ -10,7 +10,7 @@ class Migration(migrations.Migration):
     atomic = False
 
     dependencies = [
-        ('schedules', '0005_rls'),
+        ('schedules', '0006_interval_kind'),
     ]
 
     operations = [

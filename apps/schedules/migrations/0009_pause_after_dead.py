@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('schedules', '0006_labels'),
+        ('schedules', '0008_schedule_tenant_index_dropped'),
         ('tenants', '0016_pause_after_dead'),
     ]
 
