@@ -95,7 +95,7 @@ POOLER_SUITE := apps/tenants/tests/test_rls.py apps/tenants/tests/test_pooler_le
 pytest-pooler: services pgbouncer
 	set -a && source $(ENV_FILE) && set +a && TICK_TEST_PGBOUNCER=1 $(BIN)/pytest $(POOLER_SUITE)
 
-# The modules marked clock_edge again, every test started at 23:59:50 UTC on the last day of
+# The modules marked clock_edge again, each module started at 23:59:50 UTC on the last day of
 # the month with the clock running on (conftest.py `--clock-edge`, docs/testing.md).
 pytest-clock-edge: services
 	set -a && source $(ENV_FILE) && set +a && $(BIN)/pytest -m "clock_edge and not e2e" --clock-edge

@@ -22,8 +22,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--clock-edge",
         action="store_true",
-        help="start every test at 23:59:50 UTC on the last day of the month (the clock then "
-        "runs on): a test that derives an instant or a budget from 'now' must still pass "
+        help="start every test module at 23:59:50 UTC on the last day of the month (the clock "
+        "then runs on): a test that derives an instant or a budget from 'now' must still pass "
         "when the minute, hour, day, month and year turn under it (docs/testing.md)",
     )
 
@@ -90,10 +90,13 @@ def _clock_edge_database(request: pytest.FixtureRequest) -> Iterator[None]:
             connections.close_all()
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture(scope="module", autouse=True)
 def _clock_edge(request: pytest.FixtureRequest) -> Iterator[None]:
-    # First of the autouse fixtures (named first): fixtures that create rows from "now"
-    # (partitions_around_today, tenants) must see the shifted clock too.
+    # Per module: each module starts ten seconds before the month turns and runs on through
+    # it, so the turn falls inside one of its tests, earlier tests run in the month's last
+    # seconds and later ones in the new month's first (a whole run per test would be too
+    # short to cross anything). Module-scoped, so set up before any function fixture that
+    # creates rows from "now" (partitions_around_today, tenants).
     if not request.config.getoption("--clock-edge"):
         yield
         return
@@ -110,6 +113,29 @@ def _clock_edge(request: pytest.FixtureRequest) -> Iterator[None]:
         )
     with time_machine.travel(start, tick=True):
         yield
+
+
+_CROSSED: list[str] = []
+
+
+@pytest.fixture(autouse=True)
+def _clock_edge_witness(request: pytest.FixtureRequest) -> Iterator[None]:
+    # Names the tests the month turned inside (printed at the end of a --clock-edge run): the
+    # proof that the run crossed the boundary, not just ran near it.
+    if not request.config.getoption("--clock-edge"):
+        yield
+        return
+    before = datetime.now(UTC)
+    yield
+    if datetime.now(UTC).month != before.month:
+        _CROSSED.append(request.node.nodeid)
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    if config.getoption("--clock-edge"):
+        terminalreporter.write_line(f"clock edge: the month turned inside {len(_CROSSED)} tests")
+        for nodeid in _CROSSED:
+            terminalreporter.write_line(f"  {nodeid}")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -15,6 +15,7 @@ api_load.py    bench_api: the API under concurrent clients against gunicorn
 api_rls.py     bench_api_rls: API latency with row-level security on and off
 reconcile.py   bench_reconcile: reconciliation over many cron schedules
 timerules.py   bench_timerules: cron evaluation (pure Python)
+labels.py      bench_labels: the schedule list's filters over a million schedules
 
 What they share:
 

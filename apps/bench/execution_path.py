@@ -273,7 +273,9 @@ def bare_celery_floor(
 
     prefix = f"tick-bare-{uuid.uuid4().hex[:8]}"
     queue = f"{prefix}.noop"
-    procs = BenchProcesses(prefix, logs)
+    # Its own directory: its workers' logs would overwrite Tick's workers' of the same names.
+    (logs / "bare").mkdir(exist_ok=True)
+    procs = BenchProcesses(prefix, logs / "bare")
     procs.env[BROKER_ENV] = broker_url
     app.conf.update(broker_url=broker_url)
     try:

@@ -197,7 +197,8 @@ def _plan(row: _Row, now: datetime, horizon: datetime, config: MaterializeConfig
         fire_late = late_runs_allowed(row.misfire_policy, row.catchup_limit)
         keep = fire_late + config.missed_record_limit
         late, complete = _latest_before(row, cutoff, keep)
-        fired = late[len(late) - fire_late :] if fire_late else []
+        # The latest `fire_late` of them (all when fewer: a negative start would keep too few).
+        fired = late[max(0, len(late) - fire_late) :] if fire_late else []
         missed = late[: len(late) - len(fired)]
         fire.extend((instant, Lane.CATCHUP) for instant in fired)
         if complete:
