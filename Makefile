@@ -11,7 +11,7 @@ export DJANGO_DEBUG ?= 1
 # production settings leave it out (tickweb/settings.py TICK_BENCH).
 export TICK_BENCH ?= 1
 
-.PHONY: run test lint pytest pytest-pooler install services services-stop migrate schema clean browsers \
+.PHONY: run test lint pytest pytest-pooler pytest-clock-edge install services services-stop migrate schema clean browsers \
 	pgbouncer ha-packages patroni
 
 $(STAMP): requirements.txt requirements-dev.txt
@@ -84,8 +84,10 @@ patroni: install ha-packages
 POOLER_SUITE := apps/tenants/tests/test_rls.py apps/tenants/tests/test_pooler_leak.py \
 	apps/tenants/tests/test_keys.py apps/tenants/tests/test_idempotency.py \
 	apps/tenants/tests/test_rate_limit.py apps/tenants/tests/test_views.py \
-	apps/schedules/tests/api/test_api.py apps/schedules/tests/api/test_api_lifecycle.py \
-	apps/schedules/tests/api/test_api_concurrency.py apps/schedules/tests/web/test_views.py \
+	apps/occurrences/schedules/tests/api/test_api.py \
+	apps/occurrences/schedules/tests/api/test_api_lifecycle.py \
+	apps/occurrences/schedules/tests/api/test_api_concurrency.py \
+	apps/occurrences/schedules/tests/web/test_views.py \
 	apps/occurrences/tests/interfaces/test_manual_runs_api.py \
 	apps/occurrences/tests/interfaces/test_views.py \
 	apps/occurrences/tests/execution/test_execution.py
@@ -93,9 +95,15 @@ POOLER_SUITE := apps/tenants/tests/test_rls.py apps/tenants/tests/test_pooler_le
 pytest-pooler: services pgbouncer
 	set -a && source $(ENV_FILE) && set +a && TICK_TEST_PGBOUNCER=1 $(BIN)/pytest $(POOLER_SUITE)
 
+# The modules marked clock_edge again, each module started at 23:59:50 UTC on the last day of
+# the month with the clock running on (conftest.py `--clock-edge`, docs/testing.md).
+pytest-clock-edge: services
+	set -a && source $(ENV_FILE) && set +a && $(BIN)/pytest -m "clock_edge and not e2e" --clock-edge
+
 pytest: services browsers pgbouncer ha-packages
 	set -a && source $(ENV_FILE) && set +a && $(BIN)/pytest
 	$(MAKE) --no-print-directory pytest-pooler
+	$(MAKE) --no-print-directory pytest-clock-edge
 
 test: lint pytest
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 
 import pytest
@@ -16,6 +16,126 @@ from apps.occurrences.execution import presence
 from apps.occurrences.pipeline import partitions
 from apps.tenants.models import Membership, Tenant
 from apps.tenants.services import api_key_create, membership_grant, tenant_create
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--clock-edge",
+        action="store_true",
+        help="start every test module at 23:59:50 UTC on the last day of the month (the clock "
+        "then runs on): a test that derives an instant or a budget from 'now' must still pass "
+        "when the minute, hour, day, month and year turn under it (docs/testing.md)",
+    )
+
+
+def clock_edge_start(today: date) -> datetime:
+    """23:59:50 UTC on the last day of `today`'s month: ten seconds before the minute, hour,
+    day and month (in December also the year) all turn."""
+    first_of_next = (today.replace(day=1) + timedelta(days=32)).replace(day=1)
+    return datetime.combine(first_of_next, time(0, 0), tzinfo=UTC) - timedelta(seconds=10)
+
+
+# The database's clock moves with the process's: `now()` and `clock_timestamp()` as the test
+# database's search path finds them first (pg_catalog named last is searched last), real time
+# plus the offset one row holds. The row is written on its own connection, so the threads'
+# and workers' connections of a test see the same clock. Leases, presence, heartbeats and
+# alert times judge by the database's clock on purpose (docs/testing.md).
+_SHIFTED_CLOCK_SQL = """
+    CREATE TABLE IF NOT EXISTS public.tick_test_clock (offset_s double precision NOT NULL);
+    GRANT SELECT ON public.tick_test_clock TO PUBLIC;
+    CREATE OR REPLACE FUNCTION public.now() RETURNS timestamptz LANGUAGE sql STABLE AS
+      $$ SELECT pg_catalog.now()
+                + make_interval(secs => coalesce((SELECT max(offset_s)
+                                                  FROM public.tick_test_clock), 0)) $$;
+    CREATE OR REPLACE FUNCTION public.clock_timestamp() RETURNS timestamptz LANGUAGE sql
+      VOLATILE AS
+      $$ SELECT pg_catalog.clock_timestamp()
+                + make_interval(secs => coalesce((SELECT max(offset_s)
+                                                  FROM public.tick_test_clock), 0)) $$;
+"""
+
+
+def _owner_connection() -> Any:
+    import psycopg
+    from django.db import connection
+
+    params = connection.get_connection_params()
+    params.pop("cursor_factory", None)
+    params.pop("context", None)
+    params.pop("prepare_threshold", None)
+    return psycopg.connect(**params, autocommit=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _clock_edge_database(request: pytest.FixtureRequest) -> Iterator[None]:
+    # Session-wide, so that it runs before any test opens its transaction.
+    if not request.config.getoption("--clock-edge"):
+        yield
+        return
+    from django.db import connection, connections
+
+    request.getfixturevalue("django_db_setup")
+    django_db_blocker = request.getfixturevalue("django_db_blocker")
+    with django_db_blocker.unblock(), _owner_connection() as conn:
+        name = connection.settings_dict["NAME"]
+        conn.execute(_SHIFTED_CLOCK_SQL)
+        conn.execute(f'ALTER DATABASE "{name}" SET search_path = "$user", public, pg_catalog')
+        connections.close_all()  # reopened with the new search path
+        try:
+            yield
+        finally:
+            conn.execute(f'ALTER DATABASE "{name}" RESET search_path')
+            conn.execute("DROP FUNCTION public.now(), public.clock_timestamp()")
+            conn.execute("DROP TABLE public.tick_test_clock")
+            connections.close_all()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _clock_edge(request: pytest.FixtureRequest) -> Iterator[None]:
+    # Per module: each module starts ten seconds before the month turns and runs on through
+    # it, so the turn falls inside one of its tests, earlier tests run in the month's last
+    # seconds and later ones in the new month's first (a whole run per test would be too
+    # short to cross anything). Module-scoped, so set up before any function fixture that
+    # creates rows from "now" (partitions_around_today, tenants).
+    if not request.config.getoption("--clock-edge"):
+        yield
+        return
+    import time_machine
+
+    blocker = request.getfixturevalue("django_db_blocker")
+    start = clock_edge_start(datetime.now(UTC).date())
+    with blocker.unblock(), _owner_connection() as conn:
+        conn.execute("DELETE FROM public.tick_test_clock")
+        conn.execute(
+            "INSERT INTO public.tick_test_clock VALUES "
+            "(extract(epoch FROM %s::timestamptz - pg_catalog.now()))",
+            [start],
+        )
+    with time_machine.travel(start, tick=True):
+        yield
+
+
+_CROSSED: list[str] = []
+
+
+@pytest.fixture(autouse=True)
+def _clock_edge_witness(request: pytest.FixtureRequest) -> Iterator[None]:
+    # Names the tests the month turned inside (printed at the end of a --clock-edge run): the
+    # proof that the run crossed the boundary, not just ran near it.
+    if not request.config.getoption("--clock-edge"):
+        yield
+        return
+    before = datetime.now(UTC)
+    yield
+    if datetime.now(UTC).month != before.month:
+        _CROSSED.append(request.node.nodeid)
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    if config.getoption("--clock-edge"):
+        terminalreporter.write_line(f"clock edge: the month turned inside {len(_CROSSED)} tests")
+        for nodeid in _CROSSED:
+            terminalreporter.write_line(f"  {nodeid}")
 
 
 @pytest.fixture(scope="session", autouse=True)

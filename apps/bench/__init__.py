@@ -6,6 +6,8 @@ Commands (management/commands/bench_*.py) and the module each wraps:
 
 burst.py       bench_burst: N occurrences due at one instant through real processes
 sustained.py   bench_sustained: R occurrences due every minute for M minutes
+execution_path.py  bench_sustained --workers: real workers claim and complete every one
+bare_celery.py     bench_sustained --workers: bare Celery's own cost per task, the floor
 outage.py      bench_outage: a control-plane outage under each misfire policy
 execution.py   bench_execution: start lag with real workers (fan-out, noisy neighbour)
 floor.py       bench_floor: the lean-SQL floor PostgreSQL's work is compared with
@@ -13,6 +15,7 @@ api_load.py    bench_api: the API under concurrent clients against gunicorn
 api_rls.py     bench_api_rls: API latency with row-level security on and off
 reconcile.py   bench_reconcile: reconciliation over many cron schedules
 timerules.py   bench_timerules: cron evaluation (pure Python)
+labels.py      bench_labels: the schedule list's filters over a million schedules
 
 What they share:
 
@@ -22,6 +25,8 @@ processes.py   the real processes a benchmark starts, and their CPU
 consumer.py    an independent AMQP consumer that counts what was delivered
 pg_profile.py  what PostgreSQL did: statements, tables, WAL, CPU
 sizes.py       sizes per table and index, the due scan's plan
+execution_path.py  bench_sustained --workers: the execution path (claim, complete) under load
+bare_celery.py     bare Celery on Tick's broker, the floor of Celery's own cost per task
 apps.py        the app config
 tests/         the benchmarks' own tests
 """

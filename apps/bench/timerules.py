@@ -194,6 +194,7 @@ def bench_timerules(
 
     uncached_us, uncached_us_10 = _uncached_figures(rules, base, uncached_calls, rng)
     forms = _form_figures(base, schedules, distinct_rules, uncached_calls, rng)
+    intervals = _interval_figures(base, schedules, uncached_calls, rng)
 
     return {
         "schedules": schedules,
@@ -204,6 +205,38 @@ def bench_timerules(
         "uncached_us_per_call_10": round(uncached_us_10, 1),
         **_memoised_figures(rules, base, schedules, distinct_afters, rng),
         **forms,
+        **intervals,
+    }
+
+
+# Fixed-rate periods (seconds) of the interval mix: a minute to a week.
+_PERIODS = (60, 300, 900, 3600, 5400, 7200, 36 * 3600, 86400, 7 * 86400)
+
+
+def _interval_figures(
+    base: datetime, schedules: int, calls: int, rng: random.Random
+) -> dict[str, object]:
+    """Fixed-rate schedules (docs/timerules.md "Fixed-rate schedules"): the next fire of one
+    uncached, and the materializer's 10-minute window for ``schedules`` of them, each with
+    its own period and anchor (no memo: pure arithmetic), to set beside the memoised cron
+    window above."""
+    items = [
+        (_PERIODS[rng.randrange(len(_PERIODS))], base - timedelta(seconds=rng.randrange(86400)))
+        for _ in range(schedules)
+    ]
+    started = time.perf_counter()
+    for period, anchor in items[:calls]:
+        timerules.interval_fire_times(period, anchor, base, 1)
+    uncached_us = (time.perf_counter() - started) / max(1, min(calls, len(items))) * 1e6
+    until = base + timedelta(minutes=10)
+    started = time.perf_counter()
+    found = 0
+    for period, anchor in items:
+        found += len(timerules.interval_fire_times_between(period, anchor, base, until))
+    return {
+        "interval_us_per_call": round(uncached_us, 1),
+        "interval_window_10min_s": round(time.perf_counter() - started, 3),
+        "interval_window_10min_instants": found,
     }
 
 
@@ -251,4 +284,8 @@ def format_results(results: dict[str, object]) -> list[str]:
         f"  uncached next_fire_times(count=10): {r['forms_uncached_us_per_call_10']} µs/call",
         f"  memoised next fire, same after:     {r['forms_memoised_same_after_s']} s "
         f"({r['forms_memoised_same_after_evaluations']} evaluations)",
+        "fixed rates (interval), periods of a minute to a week, each its own anchor:",
+        f"  next fire, no memo:                 {r['interval_us_per_call']} µs/call",
+        f"  10-minute window, {r['schedules']:,} schedules: {r['interval_window_10min_s']} s "
+        f"({r['interval_window_10min_instants']:,} instants)",
     ]

@@ -3,9 +3,11 @@
 
 openapi.py     the one error shape (`ErrorSerializer`), the error tables and `COMMON`/`BODY`,
                the Idempotency-Key header parameter
+fields.py      serializer fields: strict JSON strings and integers, choices in any case
 pagination.py  keyset pages for every tenant list, API and web; unknown query parameters
 no_store.py    `Cache-Control: no-store` for answers that show a secret
 admin_base.py  the admin classes' base: refused permissions answer 403, never a redirect
+fields.py      serializer fields every API shares: strict JSON types, case-free enum filters
 
 The doors that turn a request into a tenant (API key, membership) are the tenants app's:
 apps/tenants/authentication.py and apps/tenants/web.py.

@@ -1,4 +1,4 @@
-"""Serializer fields every app's API shares: strict JSON types and case-free enum filters."""
+"""Serializer fields every API shares: strict JSON types, and choices in any letter case."""
 
 from __future__ import annotations
 

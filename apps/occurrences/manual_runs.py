@@ -174,18 +174,11 @@ class BackfillReceipt:
 
 # The outbox rows of the occurrences just inserted that are due to run.
 _NEW_ROWS_OUTBOX = outbox_insert(
-    occurrence_id="id",
-    scheduled_for="scheduled_for",
-    schedule_id="%(schedule)s",
-    schedule_version="%(version)s",
-    tenant_id="%(tenant)s",
-    shard="%(shard)s",
-    lane="%(lane)s",
-    available_at="%(now)s",
-    created_at="%(now)s",
-    source="FROM ins WHERE state = %(scheduled)s",
+    occurrence_id="id", scheduled_for="scheduled_for", schedule_id="%(schedule)s",
+    schedule_version="%(version)s", tenant_id="%(tenant)s", shard="%(shard)s", lane="%(lane)s",
+    available_at="%(now)s", created_at="%(now)s", source="FROM ins WHERE state = %(scheduled)s",
     returning="RETURNING 1",
-)
+)  # fmt: skip
 
 # One statement for both: the occurrences and, for those inserted and due to run, their
 # outbox rows (the materializer's pattern; nothing is published that was not inserted).
@@ -366,10 +359,17 @@ def backfill_instants(*, schedule: Schedule, start: datetime, end: datetime) -> 
     if schedule.kind == Schedule.Kind.ONE_SHOT:
         run_at = schedule.run_at
         return [run_at] if run_at is not None and lo <= run_at < hi else []
-    found = timerules.fire_times_between(
-        schedule.expression, schedule.time_zone, lo - ONE_MICROSECOND, hi - ONE_MICROSECOND,
-        dst_gap=schedule.dst_gap, dst_fold=schedule.dst_fold, limit=limit + 1,
-    )  # fmt: skip
+    if schedule.kind == Schedule.Kind.INTERVAL:
+        assert schedule.interval_s is not None and schedule.start_at is not None
+        found = timerules.interval_fire_times_between(
+            schedule.interval_s, schedule.start_at, lo - ONE_MICROSECOND, hi - ONE_MICROSECOND,
+            limit=limit + 1,
+        )  # fmt: skip
+    else:
+        found = timerules.fire_times_between(
+            schedule.expression, schedule.time_zone, lo - ONE_MICROSECOND, hi - ONE_MICROSECOND,
+            dst_gap=schedule.dst_gap, dst_fold=schedule.dst_fold, limit=limit + 1,
+        )  # fmt: skip
     if len(found) > limit:
         raise BackfillTooLarge(
             f"This range holds more than {limit} instants of the schedule; one backfill "

@@ -82,7 +82,7 @@ _LATE_CANDIDATES = """
     SELECT o.id, o.scheduled_for, o.lane, o.tenant_id, o.schedule_version,
            s.id, s.tenant_id, s.kind, s.expression, s.time_zone, s.dst_gap, s.dst_fold,
            s.next_run_at, s.end_at, s.state, s.version, s.misfire_policy, s.catchup_limit,
-           s.max_lateness_s,
+           s.max_lateness_s, s.interval_s, s.start_at,
            (SELECT count(*) FROM (
                 SELECT 1 FROM occurrences_occurrence y
                 WHERE y.schedule_id = o.schedule_id AND y.scheduled_for > o.scheduled_for
@@ -138,6 +138,8 @@ class _Late:
     policy: str
     catchup_limit: int
     max_lateness_s: int
+    interval_s: int | None
+    start_at: datetime | None
     later_late: int
 
 
@@ -219,6 +221,11 @@ def _late_unwritten(item: _Late, now: datetime, limit: int) -> int:
         until = item.end_at - ONE_MICROSECOND
     if until < start:
         return 0
+    if item.kind == Schedule.Kind.INTERVAL:
+        assert item.interval_s is not None and item.start_at is not None
+        return len(timerules.interval_fire_times_between(
+            item.interval_s, item.start_at, start - ONE_MICROSECOND, until, limit=limit
+        ))  # fmt: skip
     found = timerules.fire_times_between(
         item.expression, item.time_zone, start - ONE_MICROSECOND, until,
         dst_gap=item.dst_gap, dst_fold=item.dst_fold, limit=limit,

@@ -523,3 +523,54 @@ class Alert(models.Model):
 
     def __str__(self) -> str:
         return f"{self.event}: {self.subject}"
+
+
+class BulkChange(models.Model):
+    """One bulk pause / resume / cancel / run now over a tenant's schedules, worked in
+    bounded batches by `manage.py bulk` (apps/occurrences/bulk_changes.py): each schedule's
+    change is the single verb's, in its own short transaction, which also advances this row
+    (cursor and totals), so a restart resumes after the last schedule counted."""
+
+    class Verb(models.TextChoices):
+        PAUSE = "pause", "Pause"
+        RESUME = "resume", "Resume"
+        CANCEL = "cancel", "Cancel"
+        RUN_NOW = "run_now", "Run now"
+
+    class State(models.TextChoices):
+        RUNNING = "RUNNING", "Running"
+        DONE = "DONE", "Done"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.PROTECT)
+    verb = models.CharField(max_length=16, choices=Verb.choices)
+    actor = models.CharField(max_length=150)
+    # {"ids": [...]} or {"filter": {"state", "kind", "handler", "q", "label": [[k, v]]}}.
+    selection = models.JSONField()
+    state = models.CharField(max_length=16, choices=State.choices, default=State.RUNNING)
+    matched = models.PositiveIntegerField(default=0)
+    changed = models.PositiveIntegerField(default=0)
+    already = models.PositiveIntegerField(default=0)
+    refused = models.PositiveIntegerField(default=0)
+    # Why each refused schedule was refused: [{"id", "code", "message"}], the first 1000.
+    refusals = models.JSONField(default=list, blank=True)
+    # Keyset cursor over (created_at, id) descending: the last schedule counted.
+    after_created_at = models.DateTimeField(null=True, blank=True)
+    after_id = models.UUIDField(null=True, blank=True)
+    lease_owner = models.CharField(max_length=200, blank=True, default="")
+    lease_until = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            models.Index(
+                fields=["created_at"],
+                name="bulkchange_running_idx",
+                condition=models.Q(state="RUNNING"),
+            ),  # fmt: skip
+            models.Index(fields=["tenant", "-created_at"], name="bulkchange_tenant_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"bulk {self.verb} {self.id} ({self.state})"

@@ -159,18 +159,10 @@ _RECALL = """
 
 # A fresh outbox row for each occurrence a resume brings back.
 _RESTORED_OUTBOX = outbox_insert(
-    occurrence_id="id",
-    scheduled_for="scheduled_for",
-    schedule_id="%(schedule)s",
-    schedule_version="%(version)s",
-    tenant_id="tenant_id",
-    shard="%(shard)s",
-    lane="lane",
-    available_at="available_at",
-    created_at="%(now)s",
-    source="FROM back",
-    returning="RETURNING 1",
-)
+    occurrence_id="id", scheduled_for="scheduled_for", schedule_id="%(schedule)s",
+    schedule_version="%(version)s", tenant_id="tenant_id", shard="%(shard)s", lane="lane",
+    available_at="available_at", created_at="%(now)s", source="FROM back", returning="RETURNING 1",
+)  # fmt: skip
 
 # Resume: the current version's occurrences the last pause canceled (`finished_at` is the
 # pause's instant, as its `paused` event's `at`), never published nor tried, whose instant is
@@ -357,7 +349,9 @@ def schedule_update(*, schedule: Schedule, spec: ScheduleSpec, actor: str) -> Li
         _refuse_stale_or_canceled(read=schedule, locked=locked)
         changed = changed_definition_fields(schedule=locked, spec=spec)
         if not changed:
-            schedule_rename(schedule=locked, name=spec.name, actor=actor, now=now)
+            schedule_rename(
+                schedule=locked, name=spec.name, labels=spec.labels, actor=actor, now=now
+            )
             return LifecycleResult(locked, Receipt(ScheduleEvent.Kind.UPDATED, now, locked.version))
 
         check_tenant_limits(schedule=locked, spec=spec, changed=changed)

@@ -1,12 +1,17 @@
 from typing import Any
 
+from django import forms
 from django.contrib import admin
 from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.html import format_html
 
-from apps.core.admin_base import TickModelAdmin
+from apps.core.admin_base import TickModelAdmin, staff_actor
+from apps.schedules.labels import DEFAULT_LABEL_LIMIT, label_errors
 from apps.schedules.models import Schedule, ScheduleEvent, ScheduleVersion
+from apps.schedules.services import schedule_rename
+from apps.schedules.timerules import interval_rule_words
 from apps.tenants.readable import detail_text, instant_text
 
 
@@ -39,7 +44,7 @@ class ScheduleEventInline(admin.TabularInline[ScheduleEvent, Schedule]):
 
 @admin.register(Schedule)
 class ScheduleAdmin(TickModelAdmin[Schedule]):
-    list_display = ["name", "tenant", "kind", "expression", "time_zone", "state", "version",
+    list_display = ["name", "tenant", "kind", "rule", "time_zone", "state", "version",
                     "next_run", "timeout", "shard", "occurrences_link"]  # fmt: skip
     list_filter = ["state", "kind", "precision", "misfire_policy", "handler"]
     search_fields = ["name", "=id", "tenant__slug"]
@@ -49,8 +54,12 @@ class ScheduleAdmin(TickModelAdmin[Schedule]):
     # State changes go through services (versions, events, receipts), never a raw form save.
     # `next_run_at` is the materializer's cursor: shown as "Next run" only while the schedule
     # is active (a paused one has none), like the tenant pages.
+    # Labels are the one editable field: they make no version, and a save goes through
+    # `schedule_rename` (validated with the API's rules, logged with the staff actor).
     exclude = ["next_run_at"]
-    readonly_fields = [f.name for f in Schedule._meta.fields if f.name != "next_run_at"]
+    readonly_fields = [
+        f.name for f in Schedule._meta.fields if f.name not in ("next_run_at", "labels")
+    ]
     readonly_fields.append("next_run")
     inlines = [ScheduleVersionInline, ScheduleEventInline]
     # Pause, resume and cancel recall occurrences: apps/occurrences/admin.py adds them.
@@ -60,6 +69,13 @@ class ScheduleAdmin(TickModelAdmin[Schedule]):
 
     def has_delete_permission(self, request: object, obj: object = None) -> bool:
         return False  # cancel, never delete: history stays for audit
+
+    @admin.display(description="Rule")
+    def rule(self, obj: Schedule) -> str:
+        """The cron expression, or a fixed rate's period and anchor in words."""
+        if obj.kind == Schedule.Kind.INTERVAL and obj.interval_s and obj.start_at:
+            return interval_rule_words(obj.interval_s, obj.start_at)
+        return obj.expression or "—"
 
     @admin.display(description="Next run", ordering="next_run_at")
     def next_run(self, obj: Schedule) -> str:
@@ -74,11 +90,42 @@ class ScheduleAdmin(TickModelAdmin[Schedule]):
         form_url: str = "",
         extra_context: dict[str, Any] | None = None,
     ) -> HttpResponse:
-        # Every field is read-only (changes go through the actions): no "Save" that would
-        # report a change that did not happen.
-        context = {**(extra_context or {}), "show_save": False,
-                   "show_save_and_continue": False, "show_save_and_add_another": False}  # fmt: skip
+        # Every field but the labels is read-only (changes go through the actions): one
+        # "Save", for the labels.
+        context = {**(extra_context or {}), "show_save_and_continue": False,
+                   "show_save_and_add_another": False}  # fmt: skip
         return super().change_view(request, object_id, form_url, context)
+
+    def get_form(
+        self,
+        request: HttpRequest,
+        obj: Schedule | None = None,
+        change: bool = False,
+        **kwargs: Any,
+    ) -> type[forms.ModelForm[Schedule]]:
+        form = super().get_form(request, obj, change, **kwargs)
+        limit = obj.tenant.max_labels_per_schedule if obj is not None else DEFAULT_LABEL_LIMIT
+
+        class LabelsForm(form):  # type: ignore[valid-type, misc]
+            def clean_labels(self) -> dict[str, str]:
+                labels = self.cleaned_data.get("labels") or {}
+                errors = label_errors(labels, limit=limit)
+                if errors:
+                    raise forms.ValidationError(
+                        [f"{field}: {' '.join(m)}" for field, m in errors.items()]
+                    )
+                return dict(labels)
+
+        return LabelsForm
+
+    def save_model(
+        self, request: HttpRequest, obj: Schedule, form: forms.ModelForm[Schedule], change: bool
+    ) -> None:
+        saved = Schedule.objects.get(pk=obj.pk)
+        schedule_rename(
+            schedule=saved, name=saved.name, labels=form.cleaned_data["labels"],
+            actor=staff_actor(request), now=timezone.now(),
+        )  # fmt: skip
 
     @admin.display(description="Timeout", ordering="timeout_s")
     def timeout(self, obj: Schedule) -> str:

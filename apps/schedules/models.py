@@ -9,6 +9,7 @@ import uuid
 
 from django.contrib.postgres.indexes import GinIndex, OpClass
 from django.db import models
+from django.db.models import JSONField, Value
 from django.db.models.functions import Upper
 
 from apps.schedules import rule_options
@@ -19,6 +20,7 @@ class Schedule(models.Model):
     class Kind(models.TextChoices):
         ONE_SHOT = "ONE_SHOT", "One-shot"
         CRON = "CRON", "Cron"
+        INTERVAL = "INTERVAL", "Fixed rate"
 
     class State(models.TextChoices):
         ACTIVE = "ACTIVE", "Active"
@@ -55,6 +57,9 @@ class Schedule(models.Model):
     kind = models.CharField(max_length=16, choices=Kind.choices)
     expression = models.CharField(max_length=200, blank=True, default="")
     run_at = models.DateTimeField(null=True, blank=True)
+    # A fixed-rate schedule's period in seconds; its instants are start_at + k * interval_s
+    # (elapsed time, never moved by DST: docs/timerules.md "Fixed-rate schedules").
+    interval_s = models.PositiveIntegerField(null=True, blank=True)
     # Kept as given (IANA name); wall-clock evaluation happens only in timerules/.
     time_zone = models.CharField(max_length=64, default="UTC")
     dst_gap = models.CharField(max_length=8, choices=DstGap.choices, default=DstGap.SKIP.value)
@@ -76,6 +81,10 @@ class Schedule(models.Model):
     payload = models.JSONField(default=dict, blank=True)
     # Run-time limit of one attempt; NULL = the handler's default (execution/registry.py).
     timeout_s = models.PositiveIntegerField(null=True, blank=True)
+    # `key=value` labels (apps/schedules/labels.py): not part of the definition, so a change
+    # of labels makes no version.
+    # The database default too: bulk loaders and benchmarks insert rows with raw SQL.
+    labels = models.JSONField(default=dict, db_default=Value({}, JSONField()), blank=True)
 
     # Server-owned: never mass-assigned from the API.
     version = models.PositiveIntegerField(default=1)
@@ -112,6 +121,9 @@ class Schedule(models.Model):
             # UPPER(name) LIKE UPPER(…)) through a trigram index instead of a table scan.
             # Created by explicit SQL in migration 0002 (Django renders this OpClass badly).
             GinIndex(OpClass(Upper("name"), name="gin_trgm_ops"), name="schedule_name_trgm_idx"),
+            # GET /api/v1/schedules?label=k=v: `labels @> {"k": "v"}` (docs/decisions.md
+            # "Labels"); jsonb_path_ops holds one hash per pair, smaller than jsonb_ops.
+            GinIndex(fields=["labels"], opclasses=["jsonb_path_ops"], name="schedule_labels_idx"),
         ]
         constraints = [
             models.CheckConstraint(
@@ -122,6 +134,14 @@ class Schedule(models.Model):
                 | models.Q(start_at__isnull=True)
                 | models.Q(end_at__gt=models.F("start_at")),
                 name="schedule_end_after_start",
+            ),
+            # A fixed rate needs its period and its anchor; the bounds are timerules'.
+            models.CheckConstraint(
+                condition=~models.Q(kind="INTERVAL")
+                | models.Q(
+                    interval_s__gte=60, interval_s__lte=366 * 86_400, start_at__isnull=False
+                ),
+                name="schedule_interval_defined",
             ),
         ]
 

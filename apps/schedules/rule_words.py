@@ -110,6 +110,12 @@ def schedule_in_words(schedule: Schedule) -> str:
         if schedule.run_at is None:
             return "Once"
         return one_shot_in_words(schedule.run_at, schedule.time_zone)
+    if schedule.kind == Schedule.Kind.INTERVAL:
+        if schedule.interval_s is None or schedule.start_at is None:
+            return "Fixed rate"
+        # "Every 90 minutes from 2026-12-04 09:00 UTC": elapsed time, so no local clock.
+        words = timerules.interval_rule_words(schedule.interval_s, schedule.start_at)
+        return words[:1].upper() + words[1:]
     try:
         return cron_in_words(schedule.expression)
     except timerules.TimeRuleError:  # a saved rule is valid; a stored oddity shows as is

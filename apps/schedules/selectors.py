@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 
 from django.db.models import QuerySet
 from django.http import Http404
@@ -33,11 +34,14 @@ def schedules_filtered(
     kind: str | None = None,
     handler: str | None = None,
     q: str | None = None,
+    label: Sequence[tuple[str, str]] | None = None,
 ) -> QuerySet[Schedule]:
     """The tenant's schedules for the list endpoint. Each filter has an index that keeps
     keyset pages (newest first, `(created_at, id)` cursor) cheap at 20M rows: state →
     schedule_tenant_state_idx, handler → schedule_tenant_handler_idx, q → the trigram index;
-    kind has two values, so its filter rides on schedule_tenant_list_idx."""
+    kind has two values, so its filter rides on schedule_tenant_list_idx; each label
+    (`key`, `value`) is one `labels @> {key: value}` through schedule_labels_idx, all of them
+    required (docs/performance.md "Label filters")."""
     queryset = schedules_for(tenant=tenant)
     if state:
         queryset = queryset.filter(state=state.upper())
@@ -47,4 +51,6 @@ def schedules_filtered(
         queryset = queryset.filter(handler=handler)
     if q:
         queryset = queryset.filter(name__icontains=q)
+    for key, value in label or ():
+        queryset = queryset.filter(labels__contains={key: value})
     return queryset

@@ -42,6 +42,8 @@ class Tenant(models.Model):
     retry_budget_per_hour = models.PositiveIntegerField(default=1_000)
     # Longest run-time limit a schedule of this tenant may ask for (`Schedule.timeout_s`).
     max_timeout_s = models.PositiveIntegerField(default=3_600)
+    # Labels one schedule may carry (apps/schedules/labels.py).
+    max_labels_per_schedule = models.PositiveSmallIntegerField(default=10)
     # Ports a webhook of this tenant may call besides 80 and 443 (SSRF guard: a port names a
     # service, and internal ones such as 6379 or 5432 stay closed unless an operator opens
     # them here). Checked at create/update/preview and again at each send.

@@ -225,12 +225,39 @@ def expected_cron_instants(
     )
 
 
+def expected_interval_instants(
+    interval_s: int, anchor: datetime, lo: datetime, hi: datetime
+) -> tuple[datetime, ...]:
+    """Every instant anchor + k * interval_s (k >= 0) in [lo, hi), aware UTC: counted in whole
+    microseconds since the epoch, not with `timerules`' timedelta steps, so the audit's
+    answer is its own."""
+    epoch = datetime(1970, 1, 1, tzinfo=UTC)
+
+    def micros(value: datetime) -> int:
+        delta = value - epoch
+        return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+    step, origin = interval_s * 1_000_000, micros(anchor)
+    first = max(0, -(-(micros(lo) - origin) // step))  # ceiling division
+    out: list[datetime] = []
+    at = origin + first * step
+    end = micros(hi)
+    while at < end:
+        out.append(epoch + timedelta(microseconds=at))
+        at += step
+    return tuple(out)
+
+
 def _rule_instants(defn: dict[str, Any], lo: datetime, hi: datetime) -> tuple[datetime, ...]:
     if lo >= hi:
         return ()
     if defn["kind"] == Schedule.Kind.ONE_SHOT:
         run_at = _dt(defn.get("run_at"))
         return (run_at,) if run_at is not None and lo <= run_at < hi else ()
+    if defn["kind"] == Schedule.Kind.INTERVAL:
+        anchor = _dt(defn.get("start_at"))
+        assert anchor is not None, "a fixed-rate version records its anchor"
+        return expected_interval_instants(int(defn["interval_s"]), anchor, lo, hi)
     return expected_cron_instants(
         defn["expression"],
         defn.get("time_zone") or "UTC",

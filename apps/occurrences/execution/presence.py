@@ -22,8 +22,9 @@ claim's step c, claim.py; docs/decisions.md "No tenant can starve another").
    what it has waiting (`fair_limit`). *Running* counts only live attempts: an open attempt
    whose lease expired, or whose worker's presence row went stale (killed, frozen), holds no
    slot. One snapshot query answers for every tenant at once (the open-attempt partial index
-   and the open-occurrence partial index), read at most every CONTENTION_CACHE_S per process
-   and only by a claim at or above its share.
+   and the open-occurrence partial index), reading at most CONTENTION_ROWS rows of each
+   (below), read at most every CONTENTION_CACHE_S per process and only by a claim at or
+   above its share.
 5. Strict capacity is reserved at the workers too: *recovery work* - a run in the catch-up
    lane (misfire catch-up, a stale fire-once, a backfill) or a retry (attempt 2 on) - may
    hold at most the slots left once TICK_STRICT_RESERVED_SHARE of the live capacity is kept

@@ -31,16 +31,10 @@ class OutboxTarget:
 
 
 _REQUEUE_ONE = outbox_insert(
-    occurrence_id="%(occurrence)s",
-    scheduled_for="%(scheduled_for)s",
-    schedule_id="%(schedule)s",
-    schedule_version="%(version)s",
-    tenant_id="%(tenant)s",
-    shard="%(shard)s",
-    lane="%(lane)s",
-    available_at="%(available_at)s",
-    created_at="%(now)s",
-)
+    occurrence_id="%(occurrence)s", scheduled_for="%(scheduled_for)s", schedule_id="%(schedule)s",
+    schedule_version="%(version)s", tenant_id="%(tenant)s", shard="%(shard)s", lane="%(lane)s",
+    available_at="%(available_at)s", created_at="%(now)s",
+)  # fmt: skip
 
 
 def requeue_through_outbox(
@@ -57,14 +51,8 @@ def requeue_through_outbox(
 # due `%(now)s`, for each row of the statement's CTE `requeued` (id, scheduled_for,
 # schedule_id, schedule_version, tenant_id). The caller may append a WHERE on `r`.
 REQUEUED_TO_OUTBOX = outbox_insert(
-    occurrence_id="r.id",
-    scheduled_for="r.scheduled_for",
-    schedule_id="r.schedule_id",
-    schedule_version="r.schedule_version",
-    tenant_id="r.tenant_id",
-    shard="s.shard",
-    lane="%(retry_lane)s",
-    available_at="%(now)s",
-    created_at="%(now)s",
+    occurrence_id="r.id", scheduled_for="r.scheduled_for", schedule_id="r.schedule_id",
+    schedule_version="r.schedule_version", tenant_id="r.tenant_id", shard="s.shard",
+    lane="%(retry_lane)s", available_at="%(now)s", created_at="%(now)s",
     source="FROM requeued r JOIN schedules_schedule s ON s.id = r.schedule_id",
-)
+)  # fmt: skip

@@ -106,6 +106,8 @@ class _Row:
     catchup_limit: int
     end_at: datetime | None
     shard: int
+    interval_s: int | None  # a fixed rate's period; its anchor is start_at
+    start_at: datetime | None
 
 
 @dataclass
@@ -151,6 +153,11 @@ def _fires(row: _Row, after: datetime, until: datetime, limit: int) -> list[date
         return []
     if row.kind == Schedule.Kind.ONE_SHOT:
         return [row.next_run_at] if after < row.next_run_at <= until else []
+    if row.kind == Schedule.Kind.INTERVAL:
+        assert row.interval_s is not None and row.start_at is not None  # schedule_interval_defined
+        return timerules.interval_fire_times_between(
+            row.interval_s, row.start_at, after, until, limit=limit
+        )
     return timerules.fire_times_between(
         row.expression,
         row.time_zone,
@@ -190,7 +197,8 @@ def _plan(row: _Row, now: datetime, horizon: datetime, config: MaterializeConfig
         fire_late = late_runs_allowed(row.misfire_policy, row.catchup_limit)
         keep = fire_late + config.missed_record_limit
         late, complete = _latest_before(row, cutoff, keep)
-        fired = late[len(late) - fire_late :] if fire_late else []
+        # The latest `fire_late` of them (all when fewer: a negative start would keep too few).
+        fired = late[max(0, len(late) - fire_late) :] if fire_late else []
         missed = late[: len(late) - len(fired)]
         fire.extend((instant, Lane.CATCHUP) for instant in fired)
         if complete:
@@ -222,7 +230,7 @@ def _plan(row: _Row, now: datetime, horizon: datetime, config: MaterializeConfig
 SELECT_DUE = f"""
     SELECT id, tenant_id, kind, expression, time_zone, dst_gap, dst_fold, version, next_run_at,
            precision, flexible_window_s, misfire_policy, max_lateness_s, catchup_limit, end_at,
-           shard
+           shard, interval_s, start_at
     FROM schedules_schedule
     WHERE state = '{Schedule.State.ACTIVE.value}' AND next_run_at IS NOT NULL
       AND shard = ANY(%(shards)s) AND next_run_at > %(after)s AND next_run_at <= %(until)s
@@ -235,19 +243,13 @@ DISTANT_PAST = datetime(1970, 1, 1, tzinfo=UTC)
 
 # The outbox rows of the occurrences just inserted that are due to fire.
 _INSERTED_OUTBOX = outbox_insert(
-    occurrence_id="r.id",
-    scheduled_for="r.scheduled_for",
-    schedule_id="r.schedule_id",
-    schedule_version="r.version",
-    tenant_id="r.tenant_id",
-    shard="r.shard",
-    lane="r.lane",
-    available_at="r.available_at",
-    created_at="%(now)s",
+    occurrence_id="r.id", scheduled_for="r.scheduled_for", schedule_id="r.schedule_id",
+    schedule_version="r.version", tenant_id="r.tenant_id", shard="r.shard", lane="r.lane",
+    available_at="r.available_at", created_at="%(now)s",
     source="FROM ins JOIN rows r ON r.id = ins.id AND r.scheduled_for = ins.scheduled_for"
     " WHERE ins.state = %(scheduled_state)s",
     returning="RETURNING 1",
-)
+)  # fmt: skip
 
 _INSERT_OCCURRENCES = f"""
     WITH rows AS (
@@ -357,7 +359,7 @@ def _plan_batch(
     for row in rows:
         key = (row.kind, row.expression, row.time_zone, row.dst_gap, row.dst_fold,
                row.next_run_at, row.precision, row.misfire_policy, row.max_lateness_s,
-               row.catchup_limit, row.end_at)  # fmt: skip
+               row.catchup_limit, row.end_at, row.interval_s, row.start_at)  # fmt: skip
         plan = plans.get(key)
         if plan is None:
             plan = plans[key] = _plan(row, now, horizon, config)
@@ -551,7 +553,8 @@ def old_version_until_boundary(
         schedule.id, schedule.tenant_id, schedule.kind, schedule.expression, schedule.time_zone,
         schedule.dst_gap, schedule.dst_fold, schedule.version, next_run_at, schedule.precision,
         schedule.flexible_window_s, schedule.misfire_policy, schedule.max_lateness_s,
-        schedule.catchup_limit, schedule.end_at, schedule.shard,
+        schedule.catchup_limit, schedule.end_at, schedule.shard, schedule.interval_s,
+        schedule.start_at,
     )  # fmt: skip
     plan = _plan(row, now, boundary - ONE_MICROSECOND, config)
     instants = [instant for instant, _ in plan.fire] + plan.missed

@@ -1,10 +1,16 @@
 from django.urls import path
 
-from apps.occurrences.schedules import api
+from apps.occurrences.schedules import api, bulk_api
 
 urlpatterns = [
     path("schedules", api.ScheduleListCreate.as_view(), name="schedule-list"),
     path("schedules/preview", api.ScheduleDraftPreview.as_view(), name="schedule-draft-preview"),
+    path("schedules/bulk", bulk_api.ScheduleBulk.as_view(), name="schedule-bulk"),
+    path(
+        "schedules/bulk/<uuid:bulk_id>",
+        bulk_api.ScheduleBulkDetail.as_view(),
+        name="schedule-bulk-detail",
+    ),
     path("schedules/<uuid:schedule_id>", api.ScheduleDetail.as_view(), name="schedule-detail"),
     path(
         "schedules/<uuid:schedule_id>/preview",

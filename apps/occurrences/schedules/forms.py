@@ -17,6 +17,7 @@ from apps.occurrences.schedules.serializers import (
     SchedulePreviewDraftSerializer,
     update_serializer,
 )
+from apps.schedules.labels import LabelError, parse_label_lines
 from apps.schedules.models import Schedule
 from apps.tenants.models import Tenant
 
@@ -24,6 +25,10 @@ from apps.tenants.models import Tenant
 @cache
 def zone_names() -> list[str]:
     return sorted(zoneinfo.available_timezones())
+
+
+# The form's units of a fixed rate's period (seconds each), largest first.
+INTERVAL_UNITS = ((86_400, "days"), (3_600, "hours"), (60, "minutes"), (1, "seconds"))
 
 
 def _lower(choices: type[Any]) -> list[tuple[str, str]]:
@@ -37,6 +42,7 @@ class ScheduleForm(forms.Form):
         choices=[
             (Schedule.Kind.CRON.lower(), "Repeating (cron rule)"),
             (Schedule.Kind.ONE_SHOT.lower(), "Once (one-shot)"),
+            (Schedule.Kind.INTERVAL.lower(), "Every N minutes/hours (fixed rate)"),
         ],
     )
     expression = forms.CharField(
@@ -49,11 +55,25 @@ class ScheduleForm(forms.Form):
         max_length=64, required=False, label="Run at",
         help_text="2026-03-08T09:30 (the zone's local time) or with an offset or Z.",
     )  # fmt: skip
+    interval_every = forms.IntegerField(
+        min_value=1, required=False, label="Every",
+        help_text="Fixed rate: runs this far apart in elapsed time from 'Active from' (blank "
+        "= now), never moved by DST — at least a minute, at most 366 days.",
+    )  # fmt: skip
+    interval_unit = forms.ChoiceField(
+        label="Unit", choices=[(str(size), name) for size, name in INTERVAL_UNITS],
+        initial="60", required=False,
+    )  # fmt: skip
     time_zone = forms.CharField(max_length=64, initial="UTC", label="Time zone (IANA)")
     handler = forms.ChoiceField(choices=(), label="Handler")
     payload = forms.CharField(
         required=False, label="Payload (JSON)", widget=forms.Textarea(attrs={"rows": 4}),
         help_text='Handed to the handler (webhook: {"url": "https://…"}).',
+    )  # fmt: skip
+    labels = forms.CharField(
+        required=False, label="Labels", widget=forms.Textarea(attrs={"rows": 2}),
+        help_text="One key=value per line (customer=42), to find and change schedules "
+        "together. Keys: a-z 0-9 . _ / -.",
     )  # fmt: skip
     precision = forms.ChoiceField(
         label="Precision", choices=_lower(Schedule.Precision),
@@ -114,7 +134,8 @@ class ScheduleForm(forms.Form):
     )  # fmt: skip
 
     # The page shows these first; the rest under "Advanced" (docs/ui.md "Schedule form").
-    COMMON = ("name", "kind", "expression", "run_at", "time_zone", "handler", "payload")
+    COMMON = ("name", "kind", "expression", "run_at", "interval_every", "interval_unit",
+              "time_zone", "handler", "payload", "labels")  # fmt: skip
 
     def common_fields(self) -> list[forms.BoundField]:
         return [self[name] for name in self.COMMON]
@@ -128,6 +149,11 @@ class ScheduleForm(forms.Form):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        period = self.initial.get("interval_s")
+        if period:  # editing a fixed rate: the largest unit that divides its period
+            size = next(size for size, _ in INTERVAL_UNITS if period % size == 0)
+            self.initial["interval_every"] = period // size
+            self.initial["interval_unit"] = str(size)
         # No handler preselected: `record` is the demo's, not for production (README). Not
         # required here: the live preview works before one is chosen, and a save without one
         # is refused by the API's serializer under the field.
@@ -145,6 +171,12 @@ class ScheduleForm(forms.Form):
         except json.JSONDecodeError as err:
             raise forms.ValidationError(f"Not valid JSON: {err.msg} (line {err.lineno}).") from None
 
+    def clean_labels(self) -> dict[str, str]:
+        try:
+            return parse_label_lines((self.cleaned_data.get("labels") or "").splitlines())
+        except LabelError as err:
+            raise forms.ValidationError(err.message) from None
+
     def api_data(self) -> dict[str, Any]:
         """The cleaned form as the API's create body (blank optional fields omitted)."""
         data = self.cleaned_data
@@ -159,12 +191,20 @@ class ScheduleForm(forms.Form):
             "dst_fold": data["dst_fold"],
             "handler": data.get("handler") or "",
             "payload": data.get("payload", {}),
+            "labels": data.get("labels", {}),
         }
         # Both timing fields are always sent, so an edit that switches the kind (or clears a
         # bound) replaces the saved value instead of inheriting it through the PATCH merge.
+        body["interval_s"] = None
         if data["kind"] == "cron":
             body["expression"] = (data.get("expression") or "").strip()
             body["run_at"] = None
+        elif data["kind"] == "interval":
+            body["expression"] = ""
+            body["run_at"] = None
+            every = data.get("interval_every")
+            unit = int(data.get("interval_unit") or 60)  # minutes unless told
+            body["interval_s"] = every * unit if every else None
         else:
             body["expression"] = ""
             body["run_at"] = (data.get("run_at") or "").strip() or None
@@ -178,10 +218,15 @@ class ScheduleForm(forms.Form):
         return body
 
 
+# API fields the form collects under another name.
+_FORM_FIELD = {"interval_s": "interval_every"}
+
+
 def _merge_errors(form: forms.Form, errors: Any) -> None:
     for field, messages in dict(errors).items():
         # A payload's own field (`payload.url`) is shown on the payload box, named.
         top, _, inner = field.partition(".")
+        top = _FORM_FIELD.get(top, top)
         target = top if top in form.fields else None
         for message in messages if isinstance(messages, list) else [messages]:
             form.add_error(target, f"{inner}: {message}" if inner else str(message))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -24,6 +24,12 @@ from apps.occurrences.manual_runs import BackfillOnly
 from apps.occurrences.schedule_health import RUN_STATES, ScheduleHealth, schedules_health
 from apps.occurrences.selectors import next_runs_shown
 from apps.schedules import timerules
+from apps.schedules.labels import (
+    DEFAULT_LABEL_LIMIT,
+    LabelError,
+    label_errors,
+    parse_label_filter,
+)
 from apps.schedules.models import Schedule, ScheduleEvent
 from apps.schedules.services import ScheduleSpec
 from apps.tenants.text import refuse_control_characters
@@ -35,7 +41,11 @@ SERVER_OWNED = {"id", "version", "state", "next_run_at", "tenant", "shard", "cre
 # The largest value a PositiveIntegerField column holds.
 POSITIVE_INT_MAX = 2_147_483_647
 
-KIND_IN = {"cron": Schedule.Kind.CRON, "one_shot": Schedule.Kind.ONE_SHOT}
+KIND_IN = {
+    "cron": Schedule.Kind.CRON,
+    "one_shot": Schedule.Kind.ONE_SHOT,
+    "interval": Schedule.Kind.INTERVAL,
+}
 KIND_OUT = {v: k for k, v in KIND_IN.items()}
 
 
@@ -53,6 +63,17 @@ class ScheduleCreateSerializer(serializers.Serializer[Any]):
     # An instant with offset ("2026-03-08T09:30:00-05:00", "...Z") or a local wall time in
     # time_zone ("2026-03-08T09:30"); resolved to UTC by timerules.resolve_one_shot.
     run_at = StrictCharField(max_length=64, required=False, allow_null=True, default=None)
+    # A fixed rate's period (kind "interval"); its anchor is start_at, "now" when absent.
+    interval_s = StrictIntegerField(
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text=(
+            f"Fixed-rate period in seconds (kind interval only): runs at start_at + k * "
+            f"interval_s by elapsed time, never moved by DST. {timerules.MIN_INTERVAL_S} to "
+            f"{timerules.MAX_INTERVAL_S} (366 days), and at least the tenant's min_interval_s."
+        ),
+    )
     time_zone = StrictCharField(max_length=64, default="UTC")
     precision = serializers.ChoiceField(
         choices=_lower_choices(Schedule.Precision), default=Schedule.Precision.STRICT.lower()
@@ -77,6 +98,17 @@ class ScheduleCreateSerializer(serializers.Serializer[Any]):
     end_at = serializers.DateTimeField(required=False, allow_null=True, default=None)
     handler = StrictCharField(max_length=100)
     payload = serializers.JSONField(required=False, default=dict)
+    labels = serializers.DictField(
+        child=StrictCharField(trim_whitespace=False, allow_blank=True),
+        required=False,
+        default=dict,
+        help_text=(
+            "Up to the tenant's max_labels_per_schedule (10) `key: value` pairs, e.g. "
+            '{"customer": "42"}. Keys: 1 to 63 of a-z 0-9 . _ / - starting with a letter or '
+            "digit; values: 1 to 100 characters. Not part of the definition: a change of "
+            "labels makes no new version."
+        ),
+    )
     # The tenant's `max_timeout_s` is checked by the service, under the tenant lock.
     timeout_s = StrictIntegerField(
         min_value=1,
@@ -138,6 +170,16 @@ class ScheduleCreateSerializer(serializers.Serializer[Any]):
             )
         return value
 
+    def validate_labels(self, value: Any) -> dict[str, str]:
+        tenant = self.context.get("tenant")
+        limit = tenant.max_labels_per_schedule if tenant is not None else DEFAULT_LABEL_LIMIT
+        errors = label_errors(value, limit=limit)
+        if "labels" in errors:  # the whole: over the quota
+            raise serializers.ValidationError(errors["labels"])
+        if errors:  # one pair each, answered as `labels.<key>`
+            raise serializers.ValidationError({f[len("labels.") :]: m for f, m in errors.items()})
+        return dict(value)
+
     def validate_payload(self, value: Any) -> Any:
         # Measured as stored (compact UTF-8 JSON), so the cap means the same for any client.
         cap = settings.TICK_MAX_PAYLOAD_BYTES
@@ -163,6 +205,17 @@ class ScheduleCreateSerializer(serializers.Serializer[Any]):
         def add(field: str, message: str) -> None:
             errors.setdefault(field, []).append(message)
 
+        if (
+            KIND_IN.get(attrs.get("kind", "")) == Schedule.Kind.INTERVAL
+            and attrs.get("start_at", "") is None
+        ):
+            # The anchor of a fixed rate: now, rounded up to the second, so the first run is
+            # the anchor itself (docs/timerules.md "Fixed-rate schedules").
+            now = timezone.now()
+            attrs["start_at"] = now.replace(microsecond=0) + timedelta(
+                seconds=1 if now.microsecond else 0
+            )
+
         zone_ok = "time_zone" in attrs
         try:
             if zone_ok:
@@ -176,7 +229,11 @@ class ScheduleCreateSerializer(serializers.Serializer[Any]):
         except timerules.TimeRuleError as err:
             add(err.field, err.message)
         kind = KIND_IN.get(attrs.get("kind", ""))
-        if kind == Schedule.Kind.CRON:
+        if kind != Schedule.Kind.INTERVAL and attrs.get("interval_s") is not None:
+            add("interval_s", "Only a fixed-rate (interval) schedule takes interval_s.")
+        if kind == Schedule.Kind.INTERVAL:
+            self._interval_errors(attrs, add)
+        elif kind == Schedule.Kind.CRON:
             if attrs.get("run_at") is not None:
                 add("run_at", "A cron schedule takes no run_at.")
             try:
@@ -211,6 +268,20 @@ class ScheduleCreateSerializer(serializers.Serializer[Any]):
             add("payload" if err.field == "payload" else f"payload.{err.field}", err.message)
         return errors
 
+    @staticmethod
+    def _interval_errors(attrs: dict[str, Any], add: Callable[[str, str], None]) -> None:
+        if attrs.get("expression"):
+            add("expression", "A fixed-rate schedule takes interval_s, not an expression.")
+        if attrs.get("run_at") is not None:
+            add("run_at", "A fixed-rate schedule takes no run_at; start_at is its anchor.")
+        if "interval_s" in attrs and attrs["interval_s"] is None:
+            add("interval_s", "A fixed-rate schedule needs interval_s (seconds between runs).")
+        elif "interval_s" in attrs:
+            try:
+                timerules.validate_interval(attrs["interval_s"])
+            except timerules.TimeRuleError as err:
+                add(err.field, err.message)
+
     def _resolve_run_at(self, attrs: dict[str, Any]) -> None:
         """A one-shot's run_at in UTC, refused if already later than max_lateness_s allows."""
         attrs["run_at"] = timerules.resolve_one_shot(
@@ -238,6 +309,7 @@ class ScheduleCreateSerializer(serializers.Serializer[Any]):
             kind=KIND_IN[data["kind"]],
             expression=data["expression"],
             run_at=data["run_at"],
+            interval_s=data["interval_s"],
             time_zone=data["time_zone"],
             dst_gap=data["dst_gap"],
             dst_fold=data["dst_fold"],
@@ -252,6 +324,7 @@ class ScheduleCreateSerializer(serializers.Serializer[Any]):
             handler=data["handler"],
             payload=data["payload"],
             timeout_s=data["timeout_s"],
+            labels=data["labels"],
         )
 
 
@@ -297,16 +370,19 @@ class ScheduleSerializer(serializers.ModelSerializer[Schedule]):
         model = Schedule
         list_serializer_class = ScheduleListSerializer
         fields = [
-            "id", "name", "kind", "expression", "run_at", "time_zone", "dst_gap", "dst_fold",
+            "id", "name", "kind", "expression", "run_at", "interval_s", "time_zone", "dst_gap",
+            "dst_fold",
             "start_at", "end_at", "precision", "flexible_window_s", "misfire_policy",
             "max_lateness_s", "catchup_limit", "overlap_policy", "handler", "payload",
-            "timeout_s", "version", "state", "next_run_at", "created_at", "updated_at",
-            "next_fires", "last_run", "last_success_at", "success_rate",
+            "timeout_s", "labels", "version", "state", "next_run_at", "created_at",
+            "updated_at", "next_fires", "last_run", "last_success_at", "success_rate",
         ]  # fmt: skip
         read_only_fields = fields
         extra_kwargs = {
             "timeout_s": {"help_text": "Run-time limit of one attempt, in seconds; null = the "
                           "handler's default."},
+            "interval_s": {"help_text": "Fixed-rate period in seconds (kind interval); null "
+                           "for the other kinds. start_at is its anchor."},
         }  # fmt: skip
 
     def get_kind(self, obj: Schedule) -> str:
@@ -385,10 +461,15 @@ class ScheduleSerializer(serializers.ModelSerializer[Schedule]):
             return []
         if obj.kind == Schedule.Kind.ONE_SHOT:
             return [timerules.instant_text(obj.next_run_at)]
-        fires = [obj.next_run_at] + timerules.next_fire_times(
-            obj.expression, obj.time_zone, obj.next_run_at, 4,
-            dst_gap=obj.dst_gap, dst_fold=obj.dst_fold,
-        )  # fmt: skip
+        if obj.kind == Schedule.Kind.INTERVAL and obj.interval_s and obj.start_at:
+            fires = [obj.next_run_at] + timerules.interval_fire_times(
+                obj.interval_s, obj.start_at, obj.next_run_at, 4, end_at=obj.end_at
+            )
+        else:
+            fires = [obj.next_run_at] + timerules.next_fire_times(
+                obj.expression, obj.time_zone, obj.next_run_at, 4,
+                dst_gap=obj.dst_gap, dst_fold=obj.dst_fold,
+            )  # fmt: skip
         if obj.end_at is not None:  # bounds are half-open: [start_at, end_at)
             fires = [f for f in fires if f < obj.end_at]
         return [timerules.instant_text(f) for f in fires]
@@ -427,6 +508,7 @@ def schedule_as_input(schedule: Schedule) -> dict[str, Any]:
         "kind": KIND_OUT[Schedule.Kind(schedule.kind)],
         "expression": schedule.expression,
         "run_at": iso(schedule.run_at),
+        "interval_s": schedule.interval_s,
         "time_zone": schedule.time_zone,
         "precision": schedule.precision.lower(),
         "flexible_window_s": schedule.flexible_window_s,
@@ -441,6 +523,7 @@ def schedule_as_input(schedule: Schedule) -> dict[str, Any]:
         "handler": schedule.handler,
         "payload": schedule.payload,
         "timeout_s": schedule.timeout_s,
+        "labels": dict(schedule.labels),
     }
 
 
@@ -464,6 +547,22 @@ class ScheduleListQuerySerializer(serializers.Serializer[Any]):
     # Case-insensitive substring of the name, served by a trigram index; two characters or
     # fewer would match nearly everything and make the index useless.
     q = serializers.CharField(min_length=3, max_length=200, required=False, trim_whitespace=False)
+
+    def get_fields(self) -> dict[str, serializers.Field[Any, Any, Any, Any]]:
+        fields = super().get_fields()
+        # `label` is a Field attribute (its display name): declared here, not on the class.
+        fields["label"] = serializers.ListField(
+            child=serializers.CharField(max_length=200, trim_whitespace=False),
+            required=False,
+            help_text="`key=value`; repeat the parameter for several labels (all must match).",
+        )
+        return fields
+
+    def validate_label(self, value: list[str]) -> list[tuple[str, str]]:
+        try:
+            return [parse_label_filter(text) for text in value]
+        except LabelError as err:
+            raise serializers.ValidationError(err.message) from None
 
     def validate_state(self, value: str) -> Schedule.State:
         return Schedule.State(value)

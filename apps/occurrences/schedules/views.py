@@ -68,6 +68,7 @@ from apps.occurrences.schedules.serializers import (
 )
 from apps.occurrences.selectors import next_runs_shown, occurrences_for
 from apps.schedules.errors import LifecycleError
+from apps.schedules.labels import LabelError, labels_text, parse_label_filter
 from apps.schedules.models import Schedule, ScheduleEvent, ScheduleVersion
 from apps.schedules.rule_words import cron_in_words, schedule_in_words
 from apps.schedules.selectors import access_schedule, schedules_filtered
@@ -77,11 +78,14 @@ from apps.schedules.services import (
     schedule_preview,
     schedule_preview_saved,
 )
-from apps.schedules.timerules import TimeRuleError
+from apps.schedules.timerules import TimeRuleError, interval_rule_words
 from apps.tenants.page_lists import PageList, page_list
 from apps.tenants.web import actor_of, admin_only, tenant_page, tick_of
 
 PAGE_SIZE = 25
+# The list's select-many action (apps/occurrences/schedules/bulk_views.py; the API's verbs).
+BULK_VERBS = [("pause", "Pause"), ("resume", "Resume"), ("cancel", "Cancel"),
+              ("run_now", "Run now")]  # fmt: skip
 # The schedule page's recent occurrences after "Show more" (10 before); the rest are on the
 # occurrence list, filtered to the schedule.
 RECENT_OCCURRENCES = 100
@@ -113,9 +117,17 @@ def schedule_list(request: HttpRequest) -> HttpResponse:
     want = next((h for h in HealthFilter if h.value == health_text), None)
     if health_text and want is None:
         errors.append(f"Unknown health filter {health_text!r}.")
+    label_filters, labels = [], []  # as typed (kept in the inputs), and parsed
+    for text in filter(None, (t.strip() for t in params.getlist("label"))):
+        try:
+            labels.append(parse_label_filter(text))
+        except LabelError as err:
+            errors.append(err.message)
+            continue
+        label_filters.append(text)
     queryset = schedules_filtered(
         tenant=tick_of(request).tenant, state=state or None, kind=kind or None,
-        handler=handler or None, q=q or None,
+        handler=handler or None, q=q or None, label=labels,
     )  # fmt: skip
     now = timezone.now()
     scanned = None
@@ -133,6 +145,7 @@ def schedule_list(request: HttpRequest) -> HttpResponse:
         "schedules": schedules,
         "rows": [(s, h, next_runs[s.id], schedule_in_words(s)) for s, h in rows],
         **pager, "state": state, "kind": kind, "q": q, "handler": handler,
+        "label_filters": label_filters, "bulk_verbs": BULK_VERBS,
         "health": want.value if want else "", "scanned": scanned, "now": now,
         # Created within the health window without a run yet: "new", not "no run in 7 days".
         "health_since": now - HEALTH_WINDOW,
@@ -278,6 +291,7 @@ def schedule_edit(request: HttpRequest, schedule_id: str) -> HttpResponse:
     if request.method != "POST":
         initial = schedule_as_input(schedule)
         initial["payload"] = json.dumps(initial["payload"], indent=2)
+        initial["labels"] = labels_text(initial["labels"])
         return _form_page(request, ScheduleForm(initial=initial), schedule)
     admin_only(request)
     form = ScheduleForm(request.POST)
@@ -306,9 +320,13 @@ def schedule_preview_draft(request: HttpRequest) -> HttpResponse:
         return render(request, "tick/_preview.html", {"form": form, "entries": None})
     now = timezone.now()
     spec = serializer.to_spec()
+    words = None
+    if spec.kind == Schedule.Kind.INTERVAL and spec.interval_s and spec.start_at:
+        words = interval_rule_words(spec.interval_s, spec.start_at)
+        words = words[:1].upper() + words[1:]
     return render(request, "tick/_preview.html", {
         "form": form, "entries": schedule_preview(timing=spec, after=now, count=10),
-        "dst_changes": schedule_dst_changes(timing=spec, now=now),
+        "dst_changes": schedule_dst_changes(timing=spec, now=now), "words": words,
     })  # fmt: skip
 
 

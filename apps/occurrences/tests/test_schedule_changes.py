@@ -31,7 +31,7 @@ from apps.occurrences.tests.support.pipeline import leases, materialize_config, 
 from apps.schedules.models import Schedule, ScheduleEvent
 from apps.schedules.tests.factories import make_schedule
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.clock_edge]
 
 NOW = datetime(2026, 12, 2, 12, 0, 30, tzinfo=UTC)  # pause at :30
 
@@ -88,9 +88,8 @@ def _states(schedule: Schedule) -> dict[datetime, list[str]]:
 
 
 def test_resume_before_the_next_instant_restores_it_and_it_runs_once(api_a, tenant_a, materialize):
-    # given: paused at 12:00:30, which canceled the materialized 12:01 and 12:02 (run below
-    # at today's clock, long after 12:01: a max lateness that keeps 12:01 due)
-    schedule = _paused(api_a, tenant_a, materialize, max_lateness_s=7 * 86400)
+    # given: paused at 12:00:30, which canceled the materialized 12:01 and 12:02
+    schedule = _paused(api_a, tenant_a, materialize)
 
     # when: resumed at 12:00:40, before 12:01
     body = _resume(api_a, schedule, NOW + timedelta(seconds=10))
@@ -114,8 +113,10 @@ def test_resume_before_the_next_instant_restores_it_and_it_runs_once(api_a, tena
     assert _states(schedule)[at(1)] == ["SCHEDULED"] and _pending(schedule)[at(1)] == 1
 
     # and 12:01 runs once, however often its message is delivered
-    first = occurrence_execute(occurrence_id=next_id, scheduled_for=at(1), worker_id="w1")
-    again = occurrence_execute(occurrence_id=next_id, scheduled_for=at(1), worker_id="w2")
+    # (claimed at 12:01:05, on time: at today's clock it would be days late and MISSED)
+    with time_machine.travel(at(1, 5), tick=True):
+        first = occurrence_execute(occurrence_id=next_id, scheduled_for=at(1), worker_id="w1")
+        again = occurrence_execute(occurrence_id=next_id, scheduled_for=at(1), worker_id="w2")
     assert first == {"status": "SUCCEEDED", "attempt_no": 1}
     assert again == {"status": "duplicate"}
     assert Attempt.objects.filter(occurrence_id=next_id).count() == 1

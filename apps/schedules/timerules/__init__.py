@@ -13,6 +13,7 @@ it with an evaluator of its own. This module is the public entry; the parts, in 
 * ``preview`` — instants with local time, offset and DST notes;
 * ``one_shot`` — a one-shot's instant;
 * ``dst_changes`` — the DST changes ahead that touch a rule;
+* ``interval`` — fixed-rate rules: every N seconds of elapsed time from an anchor;
 * ``cache`` — the memoised path for the materializer.
 
 Semantics (see ``docs/timerules.md`` for the full contract and examples):
@@ -26,6 +27,8 @@ Semantics (see ``docs/timerules.md`` for the full contract and examples):
 * Classic day rule: when both day fields are restricted (neither is exactly ``*`` or ``?``), a
   day matches if *either* field matches; otherwise both must match. The forms are days like
   any other under it.
+* Fixed rate (``interval``): ``anchor + k * period``, by elapsed time in UTC, never moved by
+  DST.
 * DST: a local time that does not exist is skipped (``dst_gap="skip"``) or, with
   ``dst_gap="shift"``, all matching nonexistent times of one gap collapse into one run at the
   first instant after the jump. A local time that happens twice fires once at its first instant
@@ -67,6 +70,16 @@ from apps.schedules.timerules.cron import (
 )
 from apps.schedules.timerules.dst_changes import DstChange, dst_changes
 from apps.schedules.timerules.engine import next_fire_time, next_fire_times
+from apps.schedules.timerules.interval import (
+    MAX_INTERVAL_S,
+    MIN_INTERVAL_S,
+    interval_fire_times,
+    interval_fire_times_between,
+    interval_preview,
+    interval_rule_words,
+    interval_words,
+    validate_interval,
+)
 from apps.schedules.timerules.one_shot import resolve_one_shot
 from apps.schedules.timerules.preview import PreviewEntry, preview, preview_one_shot
 from apps.schedules.timerules.zones import (
@@ -83,8 +96,10 @@ __all__ = [
     "MAX_COUNT",
     "MAX_EXPRESSION_LENGTH",
     "MAX_INSTANT_YEAR",
+    "MAX_INTERVAL_S",
     "MAX_LIMIT",
     "MIN_INSTANT_YEAR",
+    "MIN_INTERVAL_S",
     "SEARCH_HORIZON_YEARS",
     "CacheStats",
     "DstChange",
@@ -103,6 +118,11 @@ __all__ = [
     "fire_times_between",
     "get_zone",
     "instant_text",
+    "interval_fire_times",
+    "interval_fire_times_between",
+    "interval_preview",
+    "interval_rule_words",
+    "interval_words",
     "next_fire_time",
     "next_fire_times",
     "preview",
@@ -111,5 +131,6 @@ __all__ = [
     "validate",
     "validate_bounds",
     "validate_expression",
+    "validate_interval",
     "validate_zone",
 ]

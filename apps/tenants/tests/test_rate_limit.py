@@ -12,7 +12,7 @@ from apps.tenants.models import ApiRateWindow, Tenant
 from apps.tenants.services import RateDecision, api_rate_hit
 from apps.tenants.tests.races import run_at_once
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.clock_edge]
 
 # A window boundary: 12:00:00 UTC is a multiple of 60 s since the epoch.
 WINDOW = datetime(2030, 6, 1, 12, 0, tzinfo=UTC)

@@ -22,7 +22,7 @@ from apps.tenants.signing import (
 )
 from apps.tenants.tests.races import run_at_once
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.clock_edge]
 
 
 def _events(tenant) -> list[tuple[str, str, dict[str, Any]]]:

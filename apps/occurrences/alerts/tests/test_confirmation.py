@@ -17,7 +17,7 @@ from apps.occurrences.models import Alert, AlertChannel
 from apps.tenants.models import TenantEvent
 from apps.tenants.tests.mails import link_in
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.clock_edge]
 
 LINK = r"http://127\.0\.0\.1:8000(/alerts/confirm/\S+/)"
 

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import logging
 import time
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
@@ -50,83 +51,93 @@ class Command(LoopCommand):
         )
 
     def work(self, options: dict[str, Any]) -> LoopWork:
-        redeliver_after = options["redeliver_after"] or settings.TICK_REDELIVER_AFTER_S
-        next_scan = 0.0
-        next_deep = 0.0
-        next_lag_check = 0.0
-        publisher: Publisher | None = None
+        return LoopWork(_ReaperPass(self.role, options).unit)
 
-        def scan_stuck_states() -> None:
-            metrics.measure_clock_skew(self.role)
-            scan = stuck_scan(
-                now=timezone.now(),
-                shards=settings.TICK_SHARDS,
-                window_s=settings.TICK_PLANNING_WINDOW_S,
-                lease_grace_s=options["grace"],
-                top_tenants=settings.TICK_METRICS_TOP_TENANTS,
-                broker_url=settings.CELERY_BROKER_URL,
-                queue_prefix=settings.TICK_QUEUE_PREFIX,
-                partitions=settings.TICK_TENANT_PARTITIONS,
-            )
-            if scan.stuck_outbox or scan.stuck_running or scan.stuck_schedules:
-                log.warning("stuck-state scan: %s", scan)
 
-        def unit() -> int:
-            nonlocal next_scan, next_deep
-            if options["scan_interval"] and time.monotonic() >= next_scan:
-                next_scan = time.monotonic() + options["scan_interval"]
-                try:
-                    scan_stuck_states()
-                except Exception as exc:
-                    if outage_of(exc) is not None:
-                        raise  # the loop's outage handling: unready, backoff, log once
-                    # The scan only feeds gauges: its failure must not stop the reaping.
-                    log.exception("stuck-state scan failed")
-            now = timezone.now()
-            reaped = attempts_reap(now=now, grace_s=options["grace"], limit=REAP_LIMIT)
-            if reaped.expired:
-                log.warning(
-                    "reaped %d expired attempts: %d requeued, %d dead",
-                    reaped.expired, reaped.requeued, reaped.dead,
-                )  # fmt: skip
-            deep = time.monotonic() >= next_deep
-            if deep:
-                next_deep = time.monotonic() + settings.TICK_REDELIVER_DEEP_EVERY_S
-            redelivered = occurrences_redeliver(
-                now=now, after_s=redeliver_after, limit=REAP_LIMIT, deep=deep
-            )
-            if redelivered.republished:
-                log.warning(
-                    "backstop: republishing %d occurrences ENQUEUED over %d s with no attempt",
-                    redelivered.republished, redeliver_after,
-                )  # fmt: skip
-            send_alerts()
-            # A full batch means more may be waiting: go again without sleeping.
-            full = reaped.expired >= REAP_LIMIT or redelivered.republished >= REAP_LIMIT
-            return 1 if full else 0
+class _ReaperPass:
+    """One reaper pass (`unit`): the stuck-state scan when due, expired leases, the
+    backstop's redelivery (deep when due), then lag alerts and the alert dispatch. Keeps the
+    schedule of the periodic parts and the alert publisher between passes."""
 
-        def send_alerts() -> None:
-            nonlocal next_lag_check, publisher
+    def __init__(self, role: str, options: dict[str, Any]) -> None:
+        self.role = role
+        self.grace_s: int = options["grace"]
+        self.scan_interval_s: float = options["scan_interval"]
+        self.redeliver_after_s: int = options["redeliver_after"] or settings.TICK_REDELIVER_AFTER_S
+        self.next_scan = self.next_deep = self.next_lag_check = 0.0
+        self.publisher: Publisher | None = None
+
+    def unit(self) -> int:
+        if self.scan_interval_s and time.monotonic() >= self.next_scan:
+            self.next_scan = time.monotonic() + self.scan_interval_s
             try:
-                if time.monotonic() >= next_lag_check:
-                    next_lag_check = time.monotonic() + settings.TICK_ALERT_LAG_EVERY_S
-                    lag_alerts_record(now=timezone.now())
-                if publisher is None:
-                    publisher = Publisher(
-                        settings.CELERY_BROKER_URL, prefix=settings.TICK_QUEUE_PREFIX,
-                        partitions=settings.TICK_TENANT_PARTITIONS, celery_app=celery_app,
-                    )  # fmt: skip
-                sent = alerts_dispatch(
-                    now=timezone.now(), publisher=publisher,
-                    coalesce_s=settings.TICK_ALERT_COALESCE_S,
-                    interval_s=settings.TICK_ALERT_CHANNEL_INTERVAL_S,
-                )  # fmt: skip
-                if sent.deliveries:
-                    log.info("alerts: %d messages for %d alerts", sent.deliveries, sent.alerts)
+                self.scan_stuck_states()
             except Exception as exc:
                 if outage_of(exc) is not None:
-                    raise
-                # Alerts are retried next pass; their failure must not stop the reaping.
-                log.exception("alert dispatch failed")
+                    raise  # the loop's outage handling: unready, backoff, log once
+                # The scan only feeds gauges: its failure must not stop the reaping.
+                log.exception("stuck-state scan failed")
+        now = timezone.now()
+        reaped = attempts_reap(now=now, grace_s=self.grace_s, limit=REAP_LIMIT)
+        if reaped.expired:
+            log.warning(
+                "reaped %d expired attempts: %d requeued, %d dead",
+                reaped.expired, reaped.requeued, reaped.dead,
+            )  # fmt: skip
+        republished = self.redeliver(now)
+        self.send_alerts()
+        # A full batch means more may be waiting: go again without sleeping.
+        full = reaped.expired >= REAP_LIMIT or republished >= REAP_LIMIT
+        return 1 if full else 0
 
-        return LoopWork(unit)
+    def scan_stuck_states(self) -> None:
+        metrics.measure_clock_skew(self.role)
+        scan = stuck_scan(
+            now=timezone.now(),
+            shards=settings.TICK_SHARDS,
+            window_s=settings.TICK_PLANNING_WINDOW_S,
+            lease_grace_s=self.grace_s,
+            top_tenants=settings.TICK_METRICS_TOP_TENANTS,
+            broker_url=settings.CELERY_BROKER_URL,
+            queue_prefix=settings.TICK_QUEUE_PREFIX,
+            partitions=settings.TICK_TENANT_PARTITIONS,
+        )
+        if scan.stuck_outbox or scan.stuck_running or scan.stuck_schedules:
+            log.warning("stuck-state scan: %s", scan)
+
+    def redeliver(self, now: datetime) -> int:
+        deep = time.monotonic() >= self.next_deep
+        if deep:
+            self.next_deep = time.monotonic() + settings.TICK_REDELIVER_DEEP_EVERY_S
+        redelivered = occurrences_redeliver(
+            now=now, after_s=self.redeliver_after_s, limit=REAP_LIMIT, deep=deep
+        )
+        if redelivered.republished:
+            log.warning(
+                "backstop: republishing %d occurrences ENQUEUED over %d s with no attempt",
+                redelivered.republished, self.redeliver_after_s,
+            )  # fmt: skip
+        return redelivered.republished
+
+    def send_alerts(self) -> None:
+        try:
+            if time.monotonic() >= self.next_lag_check:
+                self.next_lag_check = time.monotonic() + settings.TICK_ALERT_LAG_EVERY_S
+                lag_alerts_record(now=timezone.now())
+            if self.publisher is None:
+                self.publisher = Publisher(
+                    settings.CELERY_BROKER_URL, prefix=settings.TICK_QUEUE_PREFIX,
+                    partitions=settings.TICK_TENANT_PARTITIONS, celery_app=celery_app,
+                )  # fmt: skip
+            sent = alerts_dispatch(
+                now=timezone.now(), publisher=self.publisher,
+                coalesce_s=settings.TICK_ALERT_COALESCE_S,
+                interval_s=settings.TICK_ALERT_CHANNEL_INTERVAL_S,
+            )  # fmt: skip
+            if sent.deliveries:
+                log.info("alerts: %d messages for %d alerts", sent.deliveries, sent.alerts)
+        except Exception as exc:
+            if outage_of(exc) is not None:
+                raise
+            # Alerts are retried next pass; their failure must not stop the reaping.
+            log.exception("alert dispatch failed")

@@ -28,6 +28,8 @@ from apps.occurrences.tests.support.processes import ProcessStack, shared_stack_
 from apps.occurrences.tests.support.rows import occurrence, schedule, state_of
 from apps.tenants.models import Tenant
 
+pytestmark = pytest.mark.clock_edge
+
 GRACE_S = 3
 SLEEPS_FOR_GOOD = {"sleep_s": 600, "sleep_attempts": 1}
 

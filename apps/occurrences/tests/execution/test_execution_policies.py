@@ -21,10 +21,11 @@ from apps.occurrences.execution.reaper import attempts_reap
 from apps.occurrences.execution.replay import occurrences_replay
 from apps.occurrences.execution.run import occurrence_execute
 from apps.occurrences.models import Attempt, DispatchOutbox, Lane, Occurrence, RetryBudget
-from apps.occurrences.tests.support.clock import clear_of_the_hour_end
 from apps.occurrences.tests.support.rows import occurrence, schedule, state_of
 from apps.schedules.models import Schedule
 from apps.tenants.tests.races import run_at_once
+
+pytestmark = pytest.mark.clock_edge
 
 HOUR = timedelta(hours=1)
 
@@ -279,9 +280,9 @@ def _refused(reason: str) -> float:
 
 @pytest.mark.django_db
 def test_reaper_requeues_spend_the_retry_budget(tenant_a, settings):
-    # given: a tenant with 2 retries an hour and 3 runs whose workers vanished, the reaper's
-    # clock (lease + 11 s ahead) and the last completion inside the same budget hour
-    clear_of_the_hour_end(settings.TICK_ATTEMPT_LEASE_S + 30)
+    # given: a tenant with 2 retries an hour and 3 runs whose workers vanished; the reaper's
+    # clock is lease + 11 s ahead, and the last completion is given that same clock, so the
+    # budget hour is one even when an hour turns during the test (docs/testing.md)
     tenant_a.retry_budget_per_hour = 2
     tenant_a.save(update_fields=["retry_budget_per_hour"])
     sched = schedule(tenant_a)
@@ -305,7 +306,7 @@ def test_reaper_requeues_spend_the_retry_budget(tenant_a, settings):
 
     # and: a failure's retry in the same hour finds the budget spent too
     occ = occurrence(sched, timezone.now())
-    assert attempt_complete(claim=_claim(occ), error=ConnectionError("reset")) == "DEAD"
+    assert attempt_complete(claim=_claim(occ), error=ConnectionError("reset"), now=later) == "DEAD"
 
 
 # --- cancel -----------------------------------------------------------------------------

@@ -47,6 +47,8 @@ from apps.tenants.models import Tenant
 from apps.tenants.tests.races import run_at_once
 from tickweb.checks import check_fair_share, check_value_ranges
 
+pytestmark = pytest.mark.clock_edge
+
 
 @pytest.fixture(autouse=True)
 def _share_of_half(settings) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import uuid
 from collections import Counter
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -171,3 +172,19 @@ def test_each_policy_holds_after_an_outage_and_strict_runs_are_untouched(
     # and reconcile agrees: no policy breach, nothing missing
     report = reconcile(start=t0 - timedelta(hours=1), end=timezone.now() + timedelta(minutes=5))
     assert {k: report.counts[k] for k in (*POLICY_BREACHES, "missing") if report.counts[k]} == {}
+
+    # and it fails on a planted breach: a SKIP instant given up by the policy ran anyway
+    given_up = Occurrence.objects.filter(
+        schedule=schedules[Schedule.MisfirePolicy.SKIP][0], scheduled_for=t0
+    ).get()
+    started = timezone.now()
+    Occurrence.objects.filter(id=given_up.id).update(
+        state=Occurrence.State.SUCCEEDED, attempt_count=1, finished_at=started
+    )
+    Attempt.objects.create(
+        scheduled_for=t0, occurrence_id=given_up.id, tenant_id=given_up.tenant_id, attempt_no=1,
+        lease_token=uuid.uuid4(), lease_expires_at=started, worker_id="planted",
+        started_at=started, finished_at=started, outcome=Attempt.Outcome.SUCCEEDED,
+    )  # fmt: skip
+    planted = reconcile(start=t0 - timedelta(hours=1), end=timezone.now() + timedelta(minutes=5))
+    assert planted.counts["late_run_skip"] == 1 and planted.failed

@@ -13,7 +13,7 @@ from django.utils import timezone
 from apps.occurrences.tests.support.rows import schedule
 from apps.schedules.models import Schedule
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.clock_edge]
 
 
 def test_an_active_schedule_without_runs_yet_is_no_empty_tenant(client, alice, tenant_a):

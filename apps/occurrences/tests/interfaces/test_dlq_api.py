@@ -8,7 +8,7 @@ from django.utils import timezone
 from apps.occurrences.models import DispatchOutbox, Lane
 from apps.occurrences.tests.support.rows import dead_occurrence, occurrence, schedule, state_of
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.clock_edge]
 
 
 def test_dead_list_shows_only_the_tenants_dead_occurrences(api_a, tenant_a, tenant_b):

@@ -16,7 +16,11 @@ from apps.occurrences.models import DispatchOutbox, Lane, Occurrence
 from apps.occurrences.tests.support import rows
 from apps.schedules.models import Schedule, ScheduleEvent
 
-pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("partitions_around_today")]
+pytestmark = [
+    pytest.mark.django_db,
+    pytest.mark.usefixtures("partitions_around_today"),
+    pytest.mark.clock_edge,
+]
 
 
 def _run(api: Any, schedule: Schedule, body: Any = None, **headers: str) -> Any:

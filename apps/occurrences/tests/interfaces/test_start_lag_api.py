@@ -13,7 +13,7 @@ from django.utils import timezone
 from apps.occurrences.models import Attempt, Lane, Occurrence
 from apps.occurrences.tests.support.rows import attempt_started, occurrence, schedule
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.clock_edge]
 
 
 def _due(tenant, at, *, lane=Lane.STRICT, available_after_s=0):

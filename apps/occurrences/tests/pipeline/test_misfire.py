@@ -21,7 +21,7 @@ from apps.occurrences.tests.support.pipeline import leases, materialize_config, 
 from apps.schedules.models import Schedule, ScheduleEvent
 from apps.schedules.tests.factories import make_schedule
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.clock_edge]
 
 LATENESS_S = 20
 OUTAGE_MINUTES = 10
@@ -119,6 +119,33 @@ def test_catchup_runs_every_late_instant_when_fewer_than_its_limit(
     )
     assert late.count() >= 3
     assert not late.filter(state=Occurrence.State.MISSED).exists()
+
+
+@pytest.mark.parametrize("late_instants", [1, 2, 3, 4, 5, 6])
+def test_the_materializer_fires_min_k_and_missed_of_the_instants_it_writes_late(
+    tenant_a, late_instants
+):
+    # given: CATCHUP with K = 5; the materializer was down while `late_instants` minutes fell
+    # due (none written before). With 3 or 4 a negative slice start once fired only 2 or 1.
+    now = timezone.now()
+    cutoff = now - timedelta(seconds=LATENESS_S)
+    first = cutoff.replace(second=0, microsecond=0) - timedelta(minutes=late_instants - 1)
+    if first >= cutoff:
+        first -= timedelta(minutes=1)
+    sched = make_schedule(
+        tenant_a, expression="* * * * *", next_run_at=first, max_lateness_s=LATENESS_S,
+        misfire_policy=Schedule.MisfirePolicy.CATCHUP, catchup_limit=5,
+    )  # fmt: skip
+    late = Occurrence.objects.filter(schedule=sched, scheduled_for__lt=cutoff)
+
+    materialize_pass(leases=leases(), now=now, config=materialize_config())
+
+    missed = late.count() - min(5, late.count())
+    assert late.count() >= late_instants
+    assert late.filter(lane=Lane.CATCHUP).exclude(state=Occurrence.State.MISSED).count() == min(
+        5, late.count()
+    )
+    assert late.filter(state=Occurrence.State.MISSED).count() == missed
 
 
 def test_enqueued_occurrences_found_late_at_claim_fire_once_runs_only_the_latest(

@@ -23,7 +23,7 @@ from apps.occurrences.tests.support.rows import occurrence, schedule
 from apps.schedules.models import Schedule
 from apps.schedules.tests.factories import make_schedule
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.clock_edge]
 
 AFTER_S = 600
 

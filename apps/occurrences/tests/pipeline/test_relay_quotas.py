@@ -18,7 +18,7 @@ from apps.schedules.models import Schedule
 from apps.schedules.tests.factories import make_schedule
 from apps.tenants.models import Tenant
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.clock_edge]
 
 
 def _due(tenant, count):

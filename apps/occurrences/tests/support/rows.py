@@ -17,9 +17,11 @@ from apps.tenants.models import Tenant
 
 
 def schedule(tenant: Tenant, **fields: Any) -> Schedule:
-    """`make_schedule` with an hourly rule by default, so that no instant of it falls due by
-    itself while a test runs, and the longest max lateness, so that occurrences written
-    minutes in the past are claimed as due, not judged by the misfire policy."""
+    """`make_schedule` with an hourly rule by default, so that at most one instant of it falls
+    due by itself while a test runs (when an hour turns: a test that materializes picks its
+    own occurrences by schedule and instant, docs/testing.md), and the longest max lateness,
+    so that occurrences written minutes in the past are claimed as due, not judged by the
+    misfire policy."""
     return make_schedule(
         tenant, **{"expression": "0 * * * *", "max_lateness_s": 7 * 86400, **fields}
     )

@@ -13,7 +13,11 @@ from django.utils import timezone
 from apps.occurrences.models import Occurrence
 from apps.occurrences.tests.support import rows
 
-pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("partitions_around_today")]
+pytestmark = [
+    pytest.mark.django_db,
+    pytest.mark.usefixtures("partitions_around_today"),
+    pytest.mark.clock_edge,
+]
 
 
 def _hour(hours_ago: int) -> datetime:
