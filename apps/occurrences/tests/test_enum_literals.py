@@ -39,6 +39,7 @@ NOT_ENUM_VALUES = {
     ("apps/bench/floor.py", "relay"),
     ("apps/bench/pg_profile.py", "relay"),
     ("apps/bench/outage.py", "relay"),
+    ("apps/bench/execution_path.py", "relay"),
     # bench_outage's tenant labels (slugs of its four tenants); the policy beside each is
     # the enum member.
     ("apps/bench/outage.py", "skip"),
