@@ -1,6 +1,8 @@
 import json
 import uuid
+from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied, ValidationError
@@ -256,8 +258,10 @@ class ScheduleLifecycleAdmin(ScheduleAdmin):
     def _apply(self, request: HttpRequest, queryset: QuerySet[Schedule], action: str) -> None:
         # Through the lifecycle services: each change is in the schedule's event log with
         # the staff user as actor (docs/security.md "Event log").
-        service = {"pause": schedule_pause, "resume": schedule_resume,
-                   "cancel": schedule_cancel}[action]  # fmt: skip
+        services: dict[str, Callable[..., Any]] = {
+            "pause": schedule_pause, "resume": schedule_resume, "cancel": schedule_cancel,
+        }  # fmt: skip
+        service = services[action]
         past = {"pause": "Paused", "resume": "Resumed", "cancel": "Canceled"}[action]
         actor = staff_actor(request)
         done, refused = 0, []

@@ -125,3 +125,35 @@ def record_schedule_event_alerts(cursor: CursorWrapper, events: Sequence[Schedul
     }
     cursor.execute(_SCHEDULE_EVENTS, params)
     return int(cursor.rowcount)
+
+
+_FAILURE_PAUSE = """
+    INSERT INTO occurrences_alert (id, tenant_id, rule_id, channel_id, event, schedule_id,
+                                   occurrence_id, subject, detail, fired_at, delivery_id)
+    SELECT md5(r.id::text || ':event:' || e.id::text)::uuid, e.tenant_id, r.id, r.channel_id,
+           r.event, e.schedule_id, NULL,
+           left('PAUSED: ' || s.name || ' after ' || COALESCE(e.detail ->> 'reason', ''), 300),
+           jsonb_build_object('schedule', s.name, 'schedule_event_id', e.id,
+                              'reason', e.detail -> 'reason'),
+           e.at, NULL
+    FROM schedules_scheduleevent e
+    JOIN occurrences_alertrule r
+      ON r.tenant_id = e.tenant_id AND r.enabled AND r.event = %(event)s
+     AND (r.schedule_id IS NULL OR r.schedule_id = e.schedule_id)
+    JOIN occurrences_alertchannel c
+      ON c.id = r.channel_id AND c.enabled AND c.confirmed_at IS NOT NULL
+    JOIN schedules_schedule s ON s.id = e.schedule_id
+    WHERE e.id = ANY(%(ids)s)
+    ON CONFLICT (id) DO NOTHING
+"""
+
+
+def record_failure_pause_alerts(cursor: CursorWrapper, events: Sequence[ScheduleEvent]) -> int:
+    """Alerts for `paused` events Tick wrote after consecutive DEAD occurrences
+    (apps/occurrences/failure_pause.py), one per matching rule, grouped by the reaper like
+    every alert."""
+    ids = [e.pk for e in events if e.pk is not None]
+    if not ids:
+        return 0
+    cursor.execute(_FAILURE_PAUSE, {"ids": ids, "event": AlertEvent.SCHEDULE_PAUSED_FAILING})
+    return int(cursor.rowcount)

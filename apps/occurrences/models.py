@@ -409,6 +409,10 @@ class AlertEvent(models.TextChoices):
     START_LAG = "start_lag", "Start lag above a threshold"
     ENQUEUE_LAG = "enqueue_lag", "Enqueue lag above a threshold"
     SCHEDULE_COMPLETED = "schedule_completed", "A schedule completed"
+    SCHEDULE_PAUSED_FAILING = (
+        "schedule_paused_failing",
+        "A schedule was paused after consecutive DEAD runs",
+    )
     # Sent by the "send test alert" button only; no rule names it.
     TEST = "test", "Test alert"
 

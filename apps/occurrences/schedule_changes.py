@@ -350,8 +350,9 @@ def schedule_update(*, schedule: Schedule, spec: ScheduleSpec, actor: str) -> Li
         changed = changed_definition_fields(schedule=locked, spec=spec)
         if not changed:
             schedule_rename(
-                schedule=locked, name=spec.name, labels=spec.labels, actor=actor, now=now
-            )
+                schedule=locked, name=spec.name, labels=spec.labels, actor=actor, now=now,
+                pause_after_dead=spec.pause_after_dead,
+            )  # fmt: skip
             return LifecycleResult(locked, Receipt(ScheduleEvent.Kind.UPDATED, now, locked.version))
 
         check_tenant_limits(schedule=locked, spec=spec, changed=changed)
@@ -383,7 +384,7 @@ def schedule_update(*, schedule: Schedule, spec: ScheduleSpec, actor: str) -> Li
     return LifecycleResult(locked, receipt)
 
 
-def schedule_pause(*, schedule: Schedule, actor: str) -> LifecycleResult:
+def schedule_pause(*, schedule: Schedule, actor: str, reason: str = "") -> LifecycleResult:
     """Stop future materialization; cancel what is materialized but unpublished.
 
     `next_run_at` is kept: it is the first instant never materialized, so resume continues
@@ -402,7 +403,7 @@ def schedule_pause(*, schedule: Schedule, actor: str) -> LifecycleResult:
             from_states=[Occurrence.State.SCHEDULED],
         )  # fmt: skip
         mark_paused(
-            schedule=locked, actor=actor, now=now,
+            schedule=locked, actor=actor, now=now, reason=reason,
             invalidated=_recalled_count(receipt), not_recalled=len(receipt.not_recalled),
         )  # fmt: skip
     return LifecycleResult(locked, receipt)

@@ -85,6 +85,12 @@ class Schedule(models.Model):
     # of labels makes no version.
     # The database default too: bulk loaders and benchmarks insert rows with raw SQL.
     labels = models.JSONField(default=dict, db_default=Value({}, JSONField()), blank=True)
+    # Pause after this many consecutive DEAD occurrences (0 = never); the tenant's default at
+    # create (`Tenant.pause_after_dead`). Not part of the definition, like the labels.
+    pause_after_dead = models.PositiveSmallIntegerField(default=0, db_default=0)
+    # Consecutive DEAD occurrences so far: counted by the completion only while the setting
+    # is on, reset by a success and by resume (apps/occurrences/failure_pause.py).
+    dead_streak = models.PositiveIntegerField(default=0, db_default=0)
 
     # Server-owned: never mass-assigned from the API.
     version = models.PositiveIntegerField(default=1)
@@ -121,6 +127,17 @@ class Schedule(models.Model):
             # UPPER(name) LIKE UPPER(…)) through a trigram index instead of a table scan.
             # Created by explicit SQL in migration 0002 (Django renders this OpClass badly).
             GinIndex(OpClass(Upper("name"), name="gin_trgm_ops"), name="schedule_name_trgm_idx"),
+            # The reaper's scan for schedules due a pause after consecutive DEAD occurrences
+            # (apps/occurrences/failure_pause.py): holds only those, normally none.
+            models.Index(
+                fields=["id"],
+                name="schedule_failing_streak_idx",
+                condition=models.Q(
+                    state="ACTIVE",
+                    pause_after_dead__gt=0,
+                    dead_streak__gte=models.F("pause_after_dead"),
+                ),
+            ),  # fmt: skip
             # GET /api/v1/schedules?label=k=v: `labels @> {"k": "v"}` (docs/decisions.md
             # "Labels"); jsonb_path_ops holds one hash per pair, smaller than jsonb_ops.
             GinIndex(fields=["labels"], opclasses=["jsonb_path_ops"], name="schedule_labels_idx"),

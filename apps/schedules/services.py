@@ -80,6 +80,9 @@ class ScheduleSpec:
     timeout_s: int | None = None
     # `key: value` labels, validated (apps/schedules/labels.py); None keeps the saved ones.
     labels: dict[str, str] | None = None
+    # Pause after this many consecutive DEAD occurrences (0 = never); None = the tenant's
+    # default on create, the saved value on update.
+    pause_after_dead: int | None = None
 
 
 # The fields that decide *when* a schedule fires, read alike from a saved schedule and from a
@@ -137,9 +140,9 @@ def _open_version(schedule: Schedule, now: datetime) -> None:
 
 def log_event(
     schedule: Schedule, kind: ScheduleEvent.Kind, actor: str, now: datetime, **detail: Any
-) -> None:
+) -> ScheduleEvent:
     """Record `kind` in the schedule's audit trail, at its current version."""
-    ScheduleEvent.objects.create(
+    return ScheduleEvent.objects.create(
         schedule=schedule,
         tenant_id=schedule.tenant_id,
         kind=kind,
@@ -251,6 +254,9 @@ def schedule_create(*, tenant: Tenant, spec: ScheduleSpec, actor: str) -> Schedu
         payload=spec.payload if spec.payload is not None else {},
         timeout_s=spec.timeout_s,
         labels=spec.labels or {},
+        pause_after_dead=(
+            spec.pause_after_dead if spec.pause_after_dead is not None else tenant.pause_after_dead
+        ),
         version=1,
         state=Schedule.State.ACTIVE if next_run_at is not None else Schedule.State.COMPLETED,
         next_run_at=next_run_at,
@@ -360,17 +366,21 @@ def schedule_rename(
     actor: str,
     now: datetime,
     labels: dict[str, str] | None = None,
+    pause_after_dead: int | None = None,
 ) -> None:
-    """Rename or relabel without a new version (no run depends on the name or the labels);
-    the same name and labels change nothing and log nothing."""
+    """Rename, relabel or change the pause-after-DEAD setting without a new version (no run
+    depends on them); the same values change nothing and log nothing."""
     detail: dict[str, Any] = {}
     if name != schedule.name:
         detail["name"], schedule.name = [schedule.name, name], name
     if labels is not None and labels != schedule.labels:
         detail["labels"], schedule.labels = [schedule.labels, labels], labels
+    if pause_after_dead is not None and pause_after_dead != schedule.pause_after_dead:
+        detail["pause_after_dead"] = [schedule.pause_after_dead, pause_after_dead]
+        schedule.pause_after_dead = pause_after_dead
     if not detail:
         return
-    schedule.save(update_fields=["name", "labels", "updated_at"])
+    schedule.save(update_fields=["name", "labels", "pause_after_dead", "updated_at"])
     log_event(schedule, ScheduleEvent.Kind.UPDATED, actor, now, **detail)
 
 
@@ -439,12 +449,15 @@ def apply_new_version(
     if spec.labels is not None and spec.labels != schedule.labels:
         schedule.labels = spec.labels
         changed = [*changed, "labels"]
+    if spec.pause_after_dead is not None and spec.pause_after_dead != schedule.pause_after_dead:
+        schedule.pause_after_dead = spec.pause_after_dead
+        changed = [*changed, "pause_after_dead"]
     for name, value in _wanted_definition(spec).items():
         setattr(schedule, name, value)
     schedule.version, schedule.state, schedule.next_run_at = previous + 1, state, next_run_at
     schedule.save(
-        update_fields=["name", "labels", *DEFINITION_FIELDS, "version", "state", "next_run_at",
-                       "updated_at"]
+        update_fields=["name", "labels", "pause_after_dead", *DEFINITION_FIELDS, "version",
+                       "state", "next_run_at", "updated_at"]
     )  # fmt: skip
     _close_current_version(schedule, now)
     _open_version(schedule, now)
@@ -456,15 +469,23 @@ def apply_new_version(
 
 
 def mark_paused(
-    *, schedule: Schedule, actor: str, now: datetime, invalidated: int, not_recalled: int
-) -> None:
+    *,
+    schedule: Schedule,
+    actor: str,
+    now: datetime,
+    invalidated: int,
+    not_recalled: int,
+    reason: str = "",
+) -> ScheduleEvent:
     """PAUSED, `next_run_at` kept (resume continues there); `paused` logged with the recall
-    counts."""
+    counts and, when Tick paused it by itself, why."""
     schedule.state = Schedule.State.PAUSED
     schedule.save(update_fields=["state", "updated_at"])
-    log_event(
+    extra = {"reason": reason} if reason else {}
+    return log_event(
         schedule, ScheduleEvent.Kind.PAUSED, actor, now,
         invalidated=invalidated, not_recalled=not_recalled, next_run_at=_iso(schedule.next_run_at),
+        **extra,
     )  # fmt: skip
 
 
@@ -475,7 +496,9 @@ def mark_active(*, schedule: Schedule, actor: str, now: datetime, restored: int 
     schedule.state = (
         Schedule.State.ACTIVE if schedule.next_run_at is not None else Schedule.State.COMPLETED
     )
-    schedule.save(update_fields=["state", "updated_at"])
+    # A resume starts the count of consecutive DEAD occurrences again.
+    schedule.dead_streak = 0
+    schedule.save(update_fields=["state", "dead_streak", "updated_at"])
     log_event(
         schedule, ScheduleEvent.Kind.RESUMED, actor, now,
         next_run_at=_iso(schedule.next_run_at), misfire_policy=schedule.misfire_policy,

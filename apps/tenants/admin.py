@@ -51,7 +51,9 @@ class TenantAdmin(TickModelAdmin[Tenant]):
         (None, {"fields": ["slug", "name"]}),
         ("Quotas", {"fields": ["max_active_schedules", "trigger_rate_per_s", "max_running",
                                "catchup_rate_per_s", "min_interval_s", "api_rate_per_min",
-                               "retry_budget_per_hour", "max_timeout_s"]}),
+                               "retry_budget_per_hour", "max_timeout_s",
+                               "max_labels_per_schedule"]}),
+        ("Schedule defaults", {"fields": ["pause_after_dead"]}),
         ("Webhooks", {"fields": ["webhook_allowed_ports"]}),
         # apps/occurrences/admin.py adds the schedule and occurrence counts (this app sees
         # neither).

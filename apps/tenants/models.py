@@ -44,6 +44,8 @@ class Tenant(models.Model):
     max_timeout_s = models.PositiveIntegerField(default=3_600)
     # Labels one schedule may carry (apps/schedules/labels.py).
     max_labels_per_schedule = models.PositiveSmallIntegerField(default=10)
+    # A new schedule's "pause after N consecutive DEAD occurrences" (0 = off).
+    pause_after_dead = models.PositiveSmallIntegerField(default=0)
     # Ports a webhook of this tenant may call besides 80 and 443 (SSRF guard: a port names a
     # service, and internal ones such as 6379 or 5432 stay closed unless an operator opens
     # them here). Checked at create/update/preview and again at each send.

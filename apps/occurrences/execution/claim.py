@@ -107,6 +107,9 @@ class Claim:
     attempt_base: int = 0
     deadline_at: datetime | None = None
     retry_budget_per_hour: int = 0
+    # The schedule's pause-after-DEAD setting and streak as claimed (failure_pause.py).
+    pause_after_dead: int = 0
+    dead_streak: int = 0
 
 
 _LOCK_ROW = """
@@ -115,7 +118,8 @@ _LOCK_ROW = """
            s.id, s.state, s.handler, s.payload::text, s.shard,
            s.overlap_policy, t.max_running, t.retry_budget_per_hour, o.enqueued_at,
            s.timeout_s, t.max_timeout_s, o.origin, o.available_at, s.max_lateness_s,
-           coalesce(o.last_enqueued_at > o.enqueued_at, false), o.lane
+           coalesce(o.last_enqueued_at > o.enqueued_at, false), o.lane,
+           s.pause_after_dead, s.dead_streak
     FROM occurrences_occurrence o
     JOIN schedules_schedule s ON s.id = o.schedule_id
     JOIN tenants_tenant t ON t.id = o.tenant_id
@@ -154,6 +158,8 @@ class _ClaimRow:
     max_lateness_s: int
     deferred_before: bool  # published again since its first confirm: a deferral, a redelivery
     lane: str
+    pause_after_dead: int
+    dead_streak: int
 
     @property
     def target(self) -> OutboxTarget:
@@ -203,6 +209,8 @@ def occurrence_claim(
         attempt_base=row.attempt_base,
         deadline_at=row.deadline_at,
         retry_budget_per_hour=row.retry_budget_per_hour,
+        pause_after_dead=row.pause_after_dead,
+        dead_streak=row.dead_streak,
     )
 
 

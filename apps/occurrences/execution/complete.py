@@ -96,8 +96,25 @@ def attempt_complete(
             metrics.cancels.inc()
         if claim.overlap_policy == Schedule.OverlapPolicy.QUEUE_ONE:
             _wake_waiting(cursor, claim=claim, now=now)
+    _count_dead_streak(claim, decision.state)
     metrics.attempts_finished.labels(outcome=decision.outcome).inc()
     return decision.state
+
+
+def _count_dead_streak(claim: Claim, state: Occurrence.State) -> None:
+    """After the completion committed (the schedule row is never locked under the attempt and
+    occurrence locks): one more consecutive DEAD, or a success ending a streak. Nothing is
+    written unless the schedule pauses after DEAD runs (a DEAD) or its claim saw a streak (a
+    success); the pause itself is the reaper's (apps/occurrences/failure_pause.py)."""
+    assert claim.context is not None
+    if state == Occurrence.State.DEAD and claim.pause_after_dead > 0:
+        statement = "UPDATE schedules_schedule SET dead_streak = dead_streak + 1 WHERE id = %s"
+    elif state == Occurrence.State.SUCCEEDED and claim.dead_streak > 0:
+        statement = "UPDATE schedules_schedule SET dead_streak = 0 WHERE id = %s"
+    else:
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(statement, [claim.context.schedule_id])
 
 
 def _target(claim: Claim) -> OutboxTarget:

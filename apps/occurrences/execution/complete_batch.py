@@ -77,6 +77,8 @@ def groupable(claim: Claim, error: BaseException | None) -> bool:
         error is None
         and settings.TICK_COMPLETION_GROUP_MS > 0
         and claim.overlap_policy == Schedule.OverlapPolicy.ALLOW
+        # A success that ends a DEAD streak resets it (complete.py), one by one.
+        and claim.dead_streak == 0
         and claim.context is not None
         and not claim.context.cancel_requested.is_set()
     )

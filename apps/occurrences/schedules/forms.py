@@ -126,6 +126,11 @@ class ScheduleForm(forms.Form):
         max_length=64, required=False, label="Active until",
         help_text="No run at or after this instant (blank = no end).",
     )  # fmt: skip
+    pause_after_dead = forms.IntegerField(
+        min_value=0, max_value=1000, required=False, label="Pause after consecutive DEAD runs",
+        help_text="Pause the schedule by itself after this many runs in a row end DEAD "
+        "(with an alert); 0 = never. Blank on a new schedule = the tenant's default.",
+    )  # fmt: skip
     timeout_s = forms.IntegerField(
         min_value=1, required=False, label="Timeout (seconds)",
         help_text="Run-time limit of one attempt: at it the handler is asked to stop, and the "
@@ -215,6 +220,8 @@ class ScheduleForm(forms.Form):
             body[name] = (data.get(name) or "").strip() or None
         # Always sent: a blank field clears the limit back to the handler's default.
         body["timeout_s"] = data.get("timeout_s")
+        if data.get("pause_after_dead") is not None:
+            body["pause_after_dead"] = data["pause_after_dead"]
         return body
 
 

@@ -35,7 +35,7 @@ from apps.schedules.services import ScheduleSpec
 from apps.tenants.text import refuse_control_characters
 
 SERVER_OWNED = {"id", "version", "state", "next_run_at", "tenant", "shard", "created_at",
-                "updated_at", "next_fires", "last_run", "last_success_at",
+                "updated_at", "next_fires", "dead_streak", "last_run", "last_success_at",
                 "success_rate"}  # fmt: skip
 
 # The largest value a PositiveIntegerField column holds.
@@ -109,6 +109,12 @@ class ScheduleCreateSerializer(serializers.Serializer[Any]):
             "labels makes no new version."
         ),
     )
+    pause_after_dead = StrictIntegerField(
+        min_value=0, max_value=1000, required=False, allow_null=True, default=None,
+        help_text="Pause the schedule after this many consecutive DEAD occurrences (actor "
+        "`tick`, an event with the reason, a `schedule_paused_failing` alert); 0 = never. "
+        "null or absent on create: the tenant's default (`pause_after_dead`, 0 unless set).",
+    )  # fmt: skip
     # The tenant's `max_timeout_s` is checked by the service, under the tenant lock.
     timeout_s = StrictIntegerField(
         min_value=1,
@@ -332,6 +338,7 @@ class ScheduleCreateSerializer(serializers.Serializer[Any]):
             payload=data["payload"],
             timeout_s=data["timeout_s"],
             labels=data["labels"],
+            pause_after_dead=data["pause_after_dead"],
         )
 
 
@@ -381,8 +388,9 @@ class ScheduleSerializer(serializers.ModelSerializer[Schedule]):
             "dst_fold",
             "start_at", "end_at", "precision", "flexible_window_s", "misfire_policy",
             "max_lateness_s", "catchup_limit", "overlap_policy", "handler", "payload",
-            "timeout_s", "labels", "version", "state", "next_run_at", "created_at",
-            "updated_at", "next_fires", "last_run", "last_success_at", "success_rate",
+            "timeout_s", "labels", "pause_after_dead", "dead_streak", "version", "state",
+            "next_run_at", "created_at", "updated_at", "next_fires", "last_run",
+            "last_success_at", "success_rate",
         ]  # fmt: skip
         read_only_fields = fields
         extra_kwargs = {
@@ -531,6 +539,7 @@ def schedule_as_input(schedule: Schedule) -> dict[str, Any]:
         "payload": schedule.payload,
         "timeout_s": schedule.timeout_s,
         "labels": dict(schedule.labels),
+        "pause_after_dead": schedule.pause_after_dead,
     }
 
 

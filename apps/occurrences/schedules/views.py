@@ -234,6 +234,11 @@ def _detail(
     # Only an active schedule fires: a paused one shows its state, not the instants its
     # pause canceled (docs/ui.md).
     active = schedule.state == Schedule.State.ACTIVE
+    # Why and since when a paused schedule is paused: its last `paused` event.
+    paused_by = (
+        events.filter(kind=ScheduleEvent.Kind.PAUSED).first()
+        if schedule.state == Schedule.State.PAUSED else None
+    )  # fmt: skip
     return render(request, "tick/schedule_detail.html", {
         "schedule": schedule,
         "versions": page_list(request, "versions", _version_changes(versions)),
@@ -244,7 +249,7 @@ def _detail(
         "recent_all": f"{reverse('occurrence-list')}?schedule={schedule.id}",
         "receipt": result.receipt if result else None,
         "dst_changes": schedule_dst_changes(timing=schedule, now=now),
-        "words": schedule_in_words(schedule),
+        "words": schedule_in_words(schedule), "paused_by": paused_by,
         "nav": "schedules", **_manual_context(schedule, manual, now),
     }, status=status)  # fmt: skip
 

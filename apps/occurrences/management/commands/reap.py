@@ -13,6 +13,7 @@ from apps.occurrences.alerts.dispatch import alerts_dispatch
 from apps.occurrences.alerts.lag import lag_alerts_record
 from apps.occurrences.audit.stuck import stuck_scan
 from apps.occurrences.execution.reaper import attempts_reap
+from apps.occurrences.failure_pause import failing_schedules_pause
 from apps.occurrences.management.commands._loop_command import LoopCommand, LoopWork
 from apps.occurrences.observability import metrics
 from apps.occurrences.pipeline.broker import Publisher
@@ -85,6 +86,8 @@ class _ReaperPass:
                 reaped.expired, reaped.requeued, reaped.dead,
             )  # fmt: skip
         republished = self.redeliver(now)
+        # Before the alerts, so a pause's alert goes out in this pass.
+        failing_schedules_pause()
         self.send_alerts()
         # A full batch means more may be waiting: go again without sleeping.
         full = reaped.expired >= REAP_LIMIT or republished >= REAP_LIMIT

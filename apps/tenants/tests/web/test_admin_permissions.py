@@ -198,7 +198,7 @@ def test_quota_changes_are_logged_and_shown_on_the_tenant(support: Client, viewe
     form = {f: getattr(tenant_a, f) for f in (
         "slug", "name", "max_active_schedules", "trigger_rate_per_s", "max_running",
         "catchup_rate_per_s", "min_interval_s", "api_rate_per_min", "retry_budget_per_hour",
-        "max_timeout_s")}  # fmt: skip
+        "max_timeout_s", "max_labels_per_schedule", "pause_after_dead")}  # fmt: skip
 
     assert support.post(url, {**form, "max_running": 7}).status_code == 302
     assert viewer.post(url, {**form, "max_running": 9}).status_code == 403

@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('schedules', '0005_rls'),
+        ('schedules', '0007_labels'),
         ('tenants', '0014_api_rate_per_tenant'),
     ]
 
