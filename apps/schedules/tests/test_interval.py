@@ -150,3 +150,10 @@ def test_naive_instants_are_refused():
     with pytest.raises(tr.TimeRuleError) as err:
         tr.interval_fire_times(60, datetime(2026, 1, 1), datetime(2026, 1, 1, tzinfo=UTC), 1)  # noqa: DTZ001
     assert err.value.field == "start_at"
+
+
+def test_instants_stop_before_the_end_of_the_datetime_range():
+    anchor = datetime(9998, 6, 1, tzinfo=UTC)
+    times = tr.interval_fire_times(tr.MAX_INTERVAL_S, anchor, anchor, 10)
+
+    assert times == [anchor + timedelta(days=366)]  # the next would pass year 9999

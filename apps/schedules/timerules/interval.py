@@ -103,18 +103,30 @@ def _between(
     count: int,
     inclusive_end: bool,
 ) -> list[datetime]:
-    out: list[datetime] = []
     k = _first_index(anchor, period, low)
-    while len(out) < count:
-        try:
-            instant = anchor + k * period
-        except OverflowError:  # past datetime.max: nothing more to find
-            break
-        if high is not None and (instant > high or (instant == high and not inclusive_end)):
-            break
-        out.append(instant)
-        k += 1
-    return out
+    try:
+        first = anchor + k * period
+        if high is not None:
+            if first > high:
+                return []
+            # How many instants fit up to `high`: one division, not a comparison per instant.
+            fit = (high - first) // period + 1
+            if not inclusive_end and first + (fit - 1) * period == high:
+                fit -= 1
+            count = min(count, fit)
+        return [first + i * period for i in range(count)]
+    except OverflowError:  # near datetime.max: step until the range ends
+        out: list[datetime] = []
+        while len(out) < count:
+            try:
+                instant = anchor + k * period
+            except OverflowError:
+                break
+            if high is not None and (instant > high or (instant == high and not inclusive_end)):
+                break
+            out.append(instant)
+            k += 1
+        return out
 
 
 def interval_preview(
