@@ -10,6 +10,8 @@ serializers.py        the API shapes, validation only (the handler's payload is 
                       execution/registry.py)
 views.py, urls.py     the tenant web pages
 forms.py              the web form, validated by the API's serializer
+bulk_api.py           bulk pause/resume/cancel/run now with one receipt (the API)
+bulk_views.py         the schedule list's select-many action and its progress page
 
 Templates stay under templates/schedules/; tests in tests/api and tests/web.
 """

@@ -234,6 +234,29 @@ class ScheduleCreateSerializer(serializers.Serializer[Any]):
                 timerules.validate_bounds(attrs["start_at"], attrs["end_at"])
         except timerules.TimeRuleError as err:
             add(err.field, err.message)
+        self._kind_errors(attrs, add, zone_ok=zone_ok)
+        if (
+            attrs.get("precision") == Schedule.Precision.FLEXIBLE.lower()
+            and attrs.get("flexible_window_s") == 0
+        ):
+            add("flexible_window_s", "A flexible schedule needs a window of 1 to 300 s.")
+        # Each handler's own payload rules (execution/registry.py); validate_handler has
+        # already refused a name that is not there.
+        spec = handler_spec(attrs["handler"]) if "handler" in attrs else None
+        try:
+            if spec is not None and "payload" in attrs:
+                spec.validate_payload(attrs["payload"], tenant=self.context.get("tenant"))
+        except PayloadError as err:
+            # Named by its place in the payload (`payload.url`, `payload.headers`), like any
+            # nested field of the error shape (docs/api.md).
+            add("payload" if err.field == "payload" else f"payload.{err.field}", err.message)
+        return errors
+
+    def _kind_errors(
+        self, attrs: dict[str, Any], add: Callable[[str, str], None], *, zone_ok: bool
+    ) -> None:
+        """The fields each kind takes, and its own rule: a cron expression, a one-shot's
+        run_at (resolved to UTC in `attrs`), a fixed rate's interval."""
         kind = KIND_IN.get(attrs.get("kind", ""))
         if kind != Schedule.Kind.INTERVAL and attrs.get("interval_s") is not None:
             add("interval_s", "Only a fixed-rate (interval) schedule takes interval_s.")
@@ -257,22 +280,6 @@ class ScheduleCreateSerializer(serializers.Serializer[Any]):
                     self._resolve_run_at(attrs)
                 except timerules.TimeRuleError as err:
                     add(err.field, err.message)
-        if (
-            attrs.get("precision") == Schedule.Precision.FLEXIBLE.lower()
-            and attrs.get("flexible_window_s") == 0
-        ):
-            add("flexible_window_s", "A flexible schedule needs a window of 1 to 300 s.")
-        # Each handler's own payload rules (execution/registry.py); validate_handler has
-        # already refused a name that is not there.
-        spec = handler_spec(attrs["handler"]) if "handler" in attrs else None
-        try:
-            if spec is not None and "payload" in attrs:
-                spec.validate_payload(attrs["payload"], tenant=self.context.get("tenant"))
-        except PayloadError as err:
-            # Named by its place in the payload (`payload.url`, `payload.headers`), like any
-            # nested field of the error shape (docs/api.md).
-            add("payload" if err.field == "payload" else f"payload.{err.field}", err.message)
-        return errors
 
     @staticmethod
     def _interval_errors(attrs: dict[str, Any], add: Callable[[str, str], None]) -> None:
