@@ -46,14 +46,23 @@ def _run(sched: Schedule, due: datetime, *, fail: bool = False, start_lag_s: int
 def _row(page: str, name: str) -> str:
     """The text of the list row of schedule `name`, tags stripped, spaces collapsed."""
     row = re.search(
-        rf"<tr data-schedule=[^>]*>\s*<td><a [^>]*>{re.escape(name)}</a>.*?</tr>", page, re.S
+        # An admin's row opens with its select-many checkbox.
+        rf"<tr data-schedule=[^>]*>\s*(?:<td><input [^>]*></td>)?\s*"
+        rf"<td><a [^>]*>{re.escape(name)}</a>.*?</tr>",
+        page,
+        re.S,
     )
     assert row is not None, f"no row for {name}"
     return " ".join(re.sub(r"<[^>]+>", " ", row.group(0)).split())
 
 
 def _names(page: str) -> set[str]:
-    return set(re.findall(r"<tr data-schedule=[^>]*>\s*<td><a [^>]*>([^<]+)</a>", page))
+    return set(
+        re.findall(
+            r"<tr data-schedule=[^>]*>\s*(?:<td><input [^>]*></td>)?\s*<td><a [^>]*>([^<]+)</a>",
+            page,
+        )
+    )
 
 
 @time_machine.travel(NOW, tick=False)
