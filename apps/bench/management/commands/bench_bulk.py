@@ -25,6 +25,10 @@ class Command(BaseCommand):
         parser.add_argument("--lead", dest="lead_s", type=float, default=60.0,
                             help="seconds until the burst")  # fmt: skip
         parser.add_argument("--timeout", dest="timeout_s", type=float, default=900.0)
+        parser.add_argument(
+            "--until-delivered", action="store_true",
+            help="measure the bulk until the burst is delivered, then stop it (rate only)",
+        )  # fmt: skip
         parser.add_argument("--json", action="store_true", help="only the JSON line")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -33,6 +37,7 @@ class Command(BaseCommand):
             schedules=options["schedules"], burst_schedules=options["burst_schedules"],
             alone_schedules=options["alone_schedules"], burst_tenants=options["burst_tenants"],
             lead_s=options["lead_s"], timeout_s=options["timeout_s"],
+            finish=not options["until_delivered"],
             log=None if quiet else self.stdout.write,
         )  # fmt: skip
         if not quiet:
