@@ -38,6 +38,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -230,7 +231,7 @@ def _recall(
     to_state: Occurrence.State,
     now: datetime,
 ) -> Recalled:
-    params = {
+    params: dict[str, Any] = {
         "shard": schedule.shard, "schedule": schedule.id, "below": below,
         "keep_lanes": _values(keep_lanes),
     }  # fmt: skip
