@@ -38,6 +38,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -157,6 +158,14 @@ _RECALL = """
     RETURNING o.id, o.scheduled_for, recalled.due
 """
 
+# Whether `_RECALL` would delete any outbox row (the same rows, through outbox_due_idx).
+_HAS_RECALLABLE = """
+    SELECT 1 FROM occurrences_dispatchoutbox
+    WHERE shard = %(shard)s AND schedule_id = %(schedule)s
+      AND schedule_version < %(below)s AND NOT (lane = ANY(%(keep_lanes)s::text[]))
+    LIMIT 1
+"""
+
 # A fresh outbox row for each occurrence a resume brings back.
 _RESTORED_OUTBOX = outbox_insert(
     occurrence_id="id", scheduled_for="scheduled_for", schedule_id="%(schedule)s",
@@ -222,6 +231,18 @@ def _recall(
     to_state: Occurrence.State,
     now: datetime,
 ) -> Recalled:
+    params: dict[str, Any] = {
+        "shard": schedule.shard, "schedule": schedule.id, "below": below,
+        "keep_lanes": _values(keep_lanes),
+    }  # fmt: skip
+    with connection.cursor() as cursor:
+        cursor.execute(_HAS_RECALLABLE, params)
+        if cursor.fetchone() is None:
+            # Nothing to recall, so no barrier: a relay step can only hold rows that are still
+            # in the outbox (until recorded), and the materializer adds none while the
+            # schedule is locked. Skipping it keeps a bulk pause of schedules with nothing
+            # materialized from counting recalls that drop the relay's staged rows.
+            return Recalled([], [])
     # Wait for (and hold off) the relay step in flight on this shard: what is deleted
     # below can then no longer be published after this transaction commits.
     relay_shard_barrier(schedule.shard)
@@ -230,9 +251,8 @@ def _recall(
     published_by = timezone.now() + RELAY_CLOCK_SLACK
     with connection.cursor() as cursor:
         cursor.execute(_RECALL, {
-            "shard": schedule.shard, "schedule": schedule.id, "below": below,
-            "keep_lanes": _values(keep_lanes), "from_states": _values(from_states),
-            "to_state": str(to_state), "now": now, "published_by": published_by,
+            **params, "from_states": _values(from_states), "to_state": str(to_state),
+            "now": now, "published_by": published_by,
         })  # fmt: skip
         rows = sorted(cursor.fetchall(), key=lambda r: (r[1], r[0]))
     return Recalled([r[0] for r in rows if not r[2]], [r[0] for r in rows if r[2]])

@@ -21,6 +21,7 @@ from apps.occurrences.pipeline.materializer import materialize_pass
 from apps.occurrences.pipeline.queues import all_queue_names
 from apps.occurrences.pipeline.relay import Recorder, relay_step, round_robin
 from apps.occurrences.pipeline.staging import StageConfig, Stager
+from apps.occurrences.schedule_changes import schedule_pause
 from apps.occurrences.tests.support.pipeline import leases, materialize_config, relay_config
 from apps.schedules.models import Schedule
 from apps.schedules.tests.factories import make_schedule
@@ -133,6 +134,25 @@ def test_a_row_recalled_after_it_was_staged_is_not_published(tenant_a, queue_pre
     others = Occurrence.objects.exclude(schedule=paused)
     assert sorted(queued) == sorted(str(o.id) for o in others)
     assert {o.state for o in others} == {Occurrence.State.ENQUEUED}
+
+
+def test_a_pause_with_nothing_to_recall_keeps_the_staged_rows(tenant_a, queue_prefix, publisher):
+    at = timezone.now() + timedelta(seconds=LEAD_S)
+    staged = _one_shots(tenant_a, 4, at)
+    stager = _stager(publisher, queue_prefix)
+    assert _stage_all(stager) == 4
+    recalls = dict(ShardLease.objects.values_list("shard", "recalls"))
+
+    # A bulk pause of schedules with nothing materialized, on the staged rows' shards.
+    for schedule in staged:
+        idle = make_schedule(tenant_a, next_run_at=at + timedelta(days=365))
+        Schedule.objects.filter(pk=idle.pk).update(shard=schedule.shard)
+        idle.refresh_from_db()
+        schedule_pause(schedule=idle, actor="test")
+
+    # No barrier was taken (nothing counted), so every staged row goes out at the instant.
+    assert dict(ShardLease.objects.values_list("shard", "recalls")) == recalls
+    assert _publish_when_due(stager).published == 4
 
 
 def test_rows_beyond_the_staged_ones_go_out_with_the_next_normal_step(
