@@ -16,6 +16,7 @@ api_rls.py     bench_api_rls: API latency with row-level security on and off
 reconcile.py   bench_reconcile: reconciliation over many cron schedules
 timerules.py   bench_timerules: cron evaluation (pure Python)
 labels.py      bench_labels: the schedule list's filters over a million schedules
+bulk_pause.py  bench_bulk: a bulk pause of many schedules, alone and during a strict burst
 
 What they share:
 
@@ -25,8 +26,6 @@ processes.py   the real processes a benchmark starts, and their CPU
 consumer.py    an independent AMQP consumer that counts what was delivered
 pg_profile.py  what PostgreSQL did: statements, tables, WAL, CPU
 sizes.py       sizes per table and index, the due scan's plan
-execution_path.py  bench_sustained --workers: the execution path (claim, complete) under load
-bare_celery.py     bare Celery on Tick's broker, the floor of Celery's own cost per task
 apps.py        the app config
 tests/         the benchmarks' own tests
 """
