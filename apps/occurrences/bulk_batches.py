@@ -129,6 +129,29 @@ _RESTORE = f"""
 """
 
 
+# Whether the relay has rows due for a while and not yet published: one probe of
+# outbox_due_idx per shard, each stopping at its first row.
+_RELAY_BEHIND = """
+    SELECT EXISTS (
+        SELECT 1 FROM generate_series(0, %(shards)s - 1) AS s(shard)
+        WHERE EXISTS (
+            SELECT 1 FROM occurrences_dispatchoutbox o
+            WHERE o.shard = s.shard AND o.parked_at IS NULL AND o.available_at <= %(due)s
+        )
+    )
+"""
+
+
+def relay_behind(*, late_s: float = 1.0) -> bool:
+    """Whether an outbox row was due `late_s` ago and is still waiting for the relay."""
+    with connection.cursor() as cursor:
+        cursor.execute(_RELAY_BEHIND, {
+            "shards": settings.TICK_SHARDS, "due": timezone.now() - timedelta(seconds=late_s),
+        })  # fmt: skip
+        row = cursor.fetchone()
+    return bool(row and row[0])
+
+
 @dataclass
 class RunOutcome:
     """What a set-based run did: the first `handled` schedules of the run (in its order) are

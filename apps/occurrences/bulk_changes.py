@@ -26,7 +26,14 @@ from django.db import transaction
 from django.db.models import Count, F, Q, QuerySet
 from django.utils import timezone
 
-from apps.occurrences.bulk_batches import ALREADY, CHANGES, RunOutcome, apply_run, recallable
+from apps.occurrences.bulk_batches import (
+    ALREADY,
+    CHANGES,
+    RunOutcome,
+    apply_run,
+    recallable,
+    relay_behind,
+)
 from apps.occurrences.manual_runs import schedule_run_now
 from apps.occurrences.models import BulkChange
 from apps.occurrences.schedule_changes import schedule_cancel, schedule_pause, schedule_resume
@@ -41,6 +48,8 @@ log = logging.getLogger("tick.bulk")
 
 # Refusals kept with their reason in the receipt; the count covers all of them.
 REFUSALS_KEPT = 1000
+# How often a bulk waiting for the relay looks again.
+YIELD_POLL_S = 0.1
 
 Verb = BulkChange.Verb
 State = Schedule.State
@@ -203,18 +212,33 @@ def _apply_state_verbs(job: BulkChange, schedules: list[Schedule]) -> None:
     pending = schedules
     deadline = _deadline()
     while pending and (pending is schedules or time.monotonic() < deadline):
+        started = time.monotonic()
         if pending[0].id in recall:
             _apply_state_verb(job, pending[0])
             pending = pending[1:]
-            continue
-        run = list(takewhile(lambda s: s.id not in recall, pending))
-        with transaction.atomic():
-            outcome = apply_run(verb=job.verb, run=run, actor=job.actor)
-            if outcome.handled:
-                _count_run(job, run[: outcome.handled], outcome)
-        if outcome.handled < len(run):
-            recall.add(run[outcome.handled].id)
-        pending = pending[outcome.handled :]
+        else:
+            run = list(takewhile(lambda s: s.id not in recall, pending))
+            with transaction.atomic():
+                outcome = apply_run(verb=job.verb, run=run, actor=job.actor)
+                if outcome.handled:
+                    _count_run(job, run[: outcome.handled], outcome)
+            if outcome.handled < len(run):
+                recall.add(run[outcome.handled].id)
+            pending = pending[outcome.handled :]
+        _pace(time.monotonic() - started)
+
+
+def _pace(worked_s: float) -> None:
+    """Leave the machine to the pipeline between the bulk's transactions: rest in proportion
+    to the work just done (`TICK_BULK_DUTY_PCT` of the time working), then, while the relay
+    has due rows waiting, wait for it, at most `TICK_BULK_YIELD_MS` (a relay that stays
+    behind, e.g. a broker outage, only slows the bulk). docs/decisions.md "Bulk changes: …"."""
+    duty = settings.TICK_BULK_DUTY_PCT / 100
+    if 0 < duty < 1:
+        time.sleep(worked_s * (1 - duty) / duty)
+    until = time.monotonic() + settings.TICK_BULK_YIELD_MS / 1000
+    while time.monotonic() < until and relay_behind():
+        time.sleep(YIELD_POLL_S)
 
 
 def _apply_run_now(job: BulkChange, schedule: Schedule) -> None:
