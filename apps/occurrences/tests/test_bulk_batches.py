@@ -232,3 +232,19 @@ def test_a_bulk_waits_for_a_relay_behind_but_only_so_long(tenant_a, tenant_b, se
     assert job.changed == 6
     # Three runs of two, each followed by the bounded wait (and none by more).
     assert 0.9 <= took < 5
+
+
+def test_a_bulk_resume_at_a_full_quota_resumes_all_and_stays_within_it(tenant_a):
+    # Paused schedules count against the quota: a resume takes no new capacity, so a full
+    # quota refuses none, and after the bulk the tenant is still at (not over) it.
+    made = [schedule(tenant_a, name=f"r{i}", labels={"group": "r"}) for i in range(5)]
+    Schedule.objects.filter(pk__in=[s.pk for s in made]).update(state=Schedule.State.PAUSED)
+    Tenant.objects.filter(pk=tenant_a.pk).update(max_active_schedules=5)
+
+    job = _bulk(tenant_a, "resume", "r", 2)
+
+    assert (job.changed, job.already, job.refused) == (5, 0, 0)
+    in_quota = Schedule.objects.filter(
+        tenant=tenant_a, state__in=[Schedule.State.ACTIVE, Schedule.State.PAUSED]
+    )
+    assert in_quota.count() == 5
