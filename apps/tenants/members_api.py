@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from django.utils import timezone
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.exceptions import PermissionDenied
@@ -22,6 +21,7 @@ from rest_framework.views import APIView
 from apps.core.openapi import BODY, COMMON, IDEMPOTENCY_KEY, error_table
 from apps.core.pagination import unknown_query_params
 from apps.tenants.authentication import TenantPrincipal, principal_of
+from apps.tenants.idempotency import idempotent_post
 from apps.tenants.members import (
     access_invitation,
     access_membership,
@@ -40,7 +40,6 @@ from apps.tenants.serializers import (
     MemberSerializer,
     MemberUpdateSerializer,
 )
-from apps.tenants.services import idempotency_lookup, idempotency_request_hash, idempotent_call
 
 # Team-sized lists are answered whole, up to this many rows (newest first for invitations).
 LIST_LIMIT = 1000
@@ -76,32 +75,6 @@ def _no_query(request: Request) -> None:
 
 def _site_url(request: Request) -> str:
     return request.build_absolute_uri("/")
-
-
-def _maybe_idempotent(request: Request, call: Callable[[], tuple[int, Any]]) -> Response:
-    """Run `call` once per Idempotency-Key (when given) and answer its response; a retry
-    with the same key and body replays it (`Idempotent-Replayed: true`)."""
-    principal = principal_of(request)
-    key = request.headers.get("Idempotency-Key")
-    if key is None:
-        code, body = call()
-        return Response(body, status=code)
-    if not (1 <= len(key) <= 255 and key.isascii() and key.isprintable()):
-        raise serializers.ValidationError(
-            {"Idempotency-Key": ["Use 1 to 255 printable ASCII characters."]}
-        )
-    request_hash = idempotency_request_hash(
-        method=request.method or "POST", path=request.path, data=request.data
-    )
-    result = idempotency_lookup(
-        tenant=principal.tenant, key=key, request_hash=request_hash, now=timezone.now()
-    )
-    if result is None:
-        result = idempotent_call(
-            tenant=principal.tenant, key=key, request_hash=request_hash, call=call
-        )
-    headers = {"Idempotent-Replayed": "true"} if result.replayed else None
-    return Response(result.body, status=result.status, headers=headers)
 
 
 class MemberList(APIView):
@@ -185,7 +158,7 @@ class InvitationListCreate(APIView):
             )  # fmt: skip
             return status.HTTP_201_CREATED, dict(InvitationSerializer(invitation).data)
 
-        return _maybe_idempotent(request, create)
+        return idempotent_post(request, create)
 
 
 class InvitationDetail(APIView):
@@ -205,6 +178,14 @@ class InvitationDetail(APIView):
         return Response(InvitationSerializer(invitation).data)
 
 
+# Re-send and revoke: no body, the invitation as it is afterwards.
+_invitation_action_schema = extend_schema(
+    request=None,
+    parameters=[IDEMPOTENCY_KEY],
+    responses={200: InvitationSerializer, **_errors(403, 404, 409, *COMMON)},
+)
+
+
 def _invitation_action(request: Request, invitation_id: Any, act: Callable[..., Any]) -> Response:
     principal = _admin(request)
     invitation = access_invitation(tenant=principal.tenant, invitation_id=invitation_id)
@@ -212,15 +193,11 @@ def _invitation_action(request: Request, invitation_id: Any, act: Callable[..., 
     def call() -> tuple[int, Any]:
         return status.HTTP_200_OK, dict(InvitationSerializer(act(invitation, principal)).data)
 
-    return _maybe_idempotent(request, call)
+    return idempotent_post(request, call)
 
 
 class InvitationResend(InvitationDetail):
-    @extend_schema(
-        request=None,
-        parameters=[IDEMPOTENCY_KEY],
-        responses={200: InvitationSerializer, **_errors(403, 404, 409, *COMMON)},
-    )
+    @_invitation_action_schema
     def post(self, request: Request, invitation_id: Any) -> Response:
         """Mail a new link and restart the expiry; the earlier link stops working. An
         accepted or revoked invitation: 409 `invitation_closed`."""
@@ -233,11 +210,7 @@ class InvitationResend(InvitationDetail):
 
 
 class InvitationRevoke(InvitationDetail):
-    @extend_schema(
-        request=None,
-        parameters=[IDEMPOTENCY_KEY],
-        responses={200: InvitationSerializer, **_errors(403, 404, 409, *COMMON)},
-    )
+    @_invitation_action_schema
     def post(self, request: Request, invitation_id: Any) -> Response:
         """Revoke an open invitation: its link is refused from now on."""
         return _invitation_action(
