@@ -9,7 +9,7 @@ POSTs take an `Idempotency-Key` like schedule creation.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
@@ -20,20 +20,10 @@ from rest_framework.views import APIView
 
 from apps.core.openapi import BODY, COMMON, IDEMPOTENCY_KEY, error_table
 from apps.core.pagination import unknown_query_params
+from apps.tenants import members
 from apps.tenants.authentication import TenantPrincipal, principal_of
 from apps.tenants.idempotency import idempotent_post
-from apps.tenants.members import (
-    access_invitation,
-    access_membership,
-    invitation_create,
-    invitation_resend,
-    invitation_revoke,
-    invitations_for,
-    members_for,
-    membership_change_role,
-    membership_remove,
-)
-from apps.tenants.models import Membership
+from apps.tenants.models import Invitation, Membership, Tenant
 from apps.tenants.serializers import (
     InvitationCreateSerializer,
     InvitationSerializer,
@@ -84,22 +74,35 @@ class MemberList(APIView):
     def get(self, request: Request) -> Response:
         """The tenant's members (people with a web login), by username."""
         _no_query(request)
-        rows = members_for(tenant=principal_of(request).tenant)[:LIST_LIMIT]
+        rows = members.members_for(tenant=principal_of(request).tenant)[:LIST_LIMIT]
         return Response(MemberSerializer(rows, many=True).data)
 
 
-class MemberDetail(APIView):
+class _OneRow(APIView):
+    """One member's or invitation's endpoints: the tenant door before anything else, for
+    every method (404 over 405/403); `found` is the row it let through."""
+
     checks_key_role = True  # the tenant door's 404 comes before the role's 403 (`_admin`)
+    id_kwarg: ClassVar[str]
+    found: Any
+
+    def door(self, tenant: Tenant, row_id: Any) -> Any:
+        raise NotImplementedError
 
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
         super().initial(request, *args, **kwargs)
-        # The tenant door before anything else, for every method (404 over 405/403).
-        access_membership(tenant=principal_of(request).tenant, membership_id=kwargs["member_id"])
+        self.found = self.door(principal_of(request).tenant, kwargs[self.id_kwarg])
+
+
+class MemberDetail(_OneRow):
+    id_kwarg = "member_id"
+
+    def door(self, tenant: Tenant, row_id: Any) -> Membership:
+        return members.access_membership(tenant=tenant, membership_id=row_id)
 
     @extend_schema(responses={200: MemberSerializer, **_errors(404, *COMMON)})
     def get(self, request: Request, member_id: int) -> Response:
-        member = access_membership(tenant=principal_of(request).tenant, membership_id=member_id)
-        return Response(MemberSerializer(member).data)
+        return Response(MemberSerializer(self.found).data)
 
     @extend_schema(
         request=MemberUpdateSerializer,
@@ -108,10 +111,10 @@ class MemberDetail(APIView):
     def patch(self, request: Request, member_id: int) -> Response:
         """Change a member's role. Demoting the last admin is a 409 `last_admin`."""
         principal = _admin(request)
-        member = access_membership(tenant=principal.tenant, membership_id=member_id)
+        member = members.access_membership(tenant=principal.tenant, membership_id=member_id)
         body = MemberUpdateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        changed = membership_change_role(
+        changed = members.membership_change_role(
             membership=member, role=Membership.Role(body.validated_data["role"]),
             actor=principal.actor,
         )  # fmt: skip
@@ -121,8 +124,8 @@ class MemberDetail(APIView):
     def delete(self, request: Request, member_id: int) -> Response:
         """Remove a member from the tenant (their account stays). The last admin: 409."""
         principal = _admin(request)
-        member = access_membership(tenant=principal.tenant, membership_id=member_id)
-        membership_remove(membership=member, actor=principal.actor)
+        member = members.access_membership(tenant=principal.tenant, membership_id=member_id)
+        members.membership_remove(membership=member, actor=principal.actor)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
@@ -134,7 +137,7 @@ class InvitationListCreate(APIView):
         """The tenant's invitations, newest first, in every state (pending, expired,
         accepted, revoked)."""
         _no_query(request)
-        rows = invitations_for(tenant=principal_of(request).tenant)[:LIST_LIMIT]
+        rows = members.invitations_for(tenant=principal_of(request).tenant)[:LIST_LIMIT]
         return Response(InvitationSerializer(rows, many=True).data)
 
     @extend_schema(
@@ -151,7 +154,7 @@ class InvitationListCreate(APIView):
         body.is_valid(raise_exception=True)
 
         def create() -> tuple[int, Any]:
-            invitation = invitation_create(
+            invitation = members.invitation_create(
                 tenant=principal.tenant, email=body.validated_data["email"],
                 role=Membership.Role(body.validated_data["role"]), actor=principal.actor,
                 site_url=_site_url(request),
@@ -161,21 +164,15 @@ class InvitationListCreate(APIView):
         return idempotent_post(request, create)
 
 
-class InvitationDetail(APIView):
-    checks_key_role = True  # the tenant door's 404 comes before the role's 403 (`_admin`)
+class InvitationDetail(_OneRow):
+    id_kwarg = "invitation_id"
 
-    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
-        super().initial(request, *args, **kwargs)
-        access_invitation(
-            tenant=principal_of(request).tenant, invitation_id=kwargs["invitation_id"]
-        )
+    def door(self, tenant: Tenant, row_id: Any) -> Invitation:
+        return members.access_invitation(tenant=tenant, invitation_id=row_id)
 
     @extend_schema(responses={200: InvitationSerializer, **_errors(404, *COMMON)})
     def get(self, request: Request, invitation_id: Any) -> Response:
-        invitation = access_invitation(
-            tenant=principal_of(request).tenant, invitation_id=invitation_id
-        )
-        return Response(InvitationSerializer(invitation).data)
+        return Response(InvitationSerializer(self.found).data)
 
 
 # Re-send and revoke: no body, the invitation as it is afterwards.
@@ -188,7 +185,7 @@ _invitation_action_schema = extend_schema(
 
 def _invitation_action(request: Request, invitation_id: Any, act: Callable[..., Any]) -> Response:
     principal = _admin(request)
-    invitation = access_invitation(tenant=principal.tenant, invitation_id=invitation_id)
+    invitation = members.access_invitation(tenant=principal.tenant, invitation_id=invitation_id)
 
     def call() -> tuple[int, Any]:
         return status.HTTP_200_OK, dict(InvitationSerializer(act(invitation, principal)).data)
@@ -203,7 +200,7 @@ class InvitationResend(InvitationDetail):
         accepted or revoked invitation: 409 `invitation_closed`."""
         return _invitation_action(
             request, invitation_id,
-            lambda inv, who: invitation_resend(
+            lambda inv, who: members.invitation_resend(
                 invitation=inv, actor=who.actor, site_url=_site_url(request)
             ),
         )  # fmt: skip
@@ -215,5 +212,5 @@ class InvitationRevoke(InvitationDetail):
         """Revoke an open invitation: its link is refused from now on."""
         return _invitation_action(
             request, invitation_id,
-            lambda inv, who: invitation_revoke(invitation=inv, actor=who.actor),
+            lambda inv, who: members.invitation_revoke(invitation=inv, actor=who.actor),
         )  # fmt: skip

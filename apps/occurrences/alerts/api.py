@@ -18,18 +18,8 @@ from rest_framework.views import APIView
 
 from apps.core.openapi import BODY, COMMON, IDEMPOTENCY_KEY, error_table
 from apps.core.pagination import KeysetPagination, unknown_query_params
-from apps.occurrences.alerts.configure import (
-    AlertConfigError,
-    access_channel,
-    access_rule,
-    channel_create,
-    channel_delete,
-    channel_update,
-    rule_create,
-    rule_delete,
-    rule_update,
-    send_test_alert,
-)
+from apps.occurrences.alerts import configure
+from apps.occurrences.alerts.configure import AlertConfigError
 from apps.occurrences.alerts.confirm import confirmation_resend
 from apps.occurrences.alerts.history import alerts_history
 from apps.occurrences.alerts.serializers import (
@@ -101,21 +91,21 @@ _CHANNELS = _Kind(
     model=AlertChannel,
     input=AlertChannelInputSerializer,
     output=AlertChannelSerializer,
-    access=lambda tenant, pk: access_channel(tenant=tenant, channel_id=pk),
+    access=lambda tenant, pk: configure.access_channel(tenant=tenant, channel_id=pk),
     as_input=channel_as_input,
-    create=channel_create,
-    update=lambda row, spec, actor: channel_update(channel=row, spec=spec, actor=actor),
-    delete=lambda row, actor: channel_delete(channel=row, actor=actor),
+    create=configure.channel_create,
+    update=lambda row, spec, actor: configure.channel_update(channel=row, spec=spec, actor=actor),
+    delete=lambda row, actor: configure.channel_delete(channel=row, actor=actor),
 )
 _RULES = _Kind(
     model=AlertRule,
     input=AlertRuleInputSerializer,
     output=AlertRuleSerializer,
-    access=lambda tenant, pk: access_rule(tenant=tenant, rule_id=pk),
+    access=lambda tenant, pk: configure.access_rule(tenant=tenant, rule_id=pk),
     as_input=rule_as_input,
-    create=rule_create,
-    update=lambda row, spec, actor: rule_update(rule=row, spec=spec, actor=actor),
-    delete=lambda row, actor: rule_delete(rule=row, actor=actor),
+    create=configure.rule_create,
+    update=lambda row, spec, actor: configure.rule_update(rule=row, spec=spec, actor=actor),
+    delete=lambda row, actor: configure.rule_delete(rule=row, actor=actor),
 )
 
 
@@ -169,9 +159,9 @@ class AlertView(APIView):
     def _guard(self, request: Request, kwargs: dict[str, Any]) -> None:
         tenant = principal_of(request).tenant
         if "channel_id" in kwargs:
-            access_channel(tenant=tenant, channel_id=kwargs["channel_id"])
+            configure.access_channel(tenant=tenant, channel_id=kwargs["channel_id"])
         if "rule_id" in kwargs:
-            access_rule(tenant=tenant, rule_id=kwargs["rule_id"])
+            configure.access_rule(tenant=tenant, rule_id=kwargs["rule_id"])
 
     def http_method_not_allowed(  # type: ignore[override]
         self, request: Request, *args: Any, **kwargs: Any
@@ -239,8 +229,8 @@ class AlertChannelTest(AlertView):
         and hour: 429 `rate_limited` with `Retry-After` beyond. An e-mail channel whose address
         has not confirmed it: 409 `channel_not_confirmed`."""
         principal = principal_of(request)
-        channel = access_channel(tenant=principal.tenant, channel_id=channel_id)
-        alert = send_test_alert(channel=channel, actor=principal.actor)
+        channel = configure.access_channel(tenant=principal.tenant, channel_id=channel_id)
+        alert = configure.send_test_alert(channel=channel, actor=principal.actor)
         return Response(
             {"alert_id": str(alert.id), "channel_id": str(channel.id)},
             status=status.HTTP_202_ACCEPTED,
@@ -259,7 +249,7 @@ class AlertChannelConfirmation(AlertView):
         changes included): 429 `rate_limited` with `Retry-After` beyond. A confirmed channel:
         409 `already_confirmed`."""
         principal = principal_of(request)
-        channel = access_channel(tenant=principal.tenant, channel_id=channel_id)
+        channel = configure.access_channel(tenant=principal.tenant, channel_id=channel_id)
         channel = confirmation_resend(channel=channel, actor=principal.actor)
         return Response(AlertChannelSerializer(channel).data, status=status.HTTP_202_ACCEPTED)
 
