@@ -40,18 +40,12 @@ RESEND_GAP_S = 60
 SENT_ACTION = "confirmation_sent"
 
 
-class AlreadyConfirmed(RefusedRequest):
+class AlreadyConfirmed(RefusedRequest, status=409, code="already_confirmed"):
     """The channel needs no confirmation (confirmed already, or a webhook)."""
 
-    status = 409
-    code = "already_confirmed"
 
-
-class NotConfirmed(RefusedRequest):
+class NotConfirmed(RefusedRequest, status=409, code="channel_not_confirmed"):
     """The e-mail channel's address has not confirmed it yet: nothing is sent to it."""
-
-    status = 409
-    code = "channel_not_confirmed"
 
 
 def _hash(secret: str) -> str:
