@@ -30,8 +30,7 @@ from apps.occurrences.models import (
     AlertRule,
 )
 from apps.schedules.models import Schedule
-from apps.tenants.addresses import email_address_errors, hourly_budget_wait_s
-from apps.tenants.errors import MailRateLimited
+from apps.tenants.addresses import email_address_errors, refuse_over_hourly_budget
 from apps.tenants.models import Tenant, TenantEvent
 from apps.tenants.services import log_tenant_event
 from apps.tenants.text import CONTROL_CHARACTERS_MESSAGE, has_control_characters
@@ -242,12 +241,9 @@ def send_test_alert(*, channel: AlertChannel, actor: str) -> Alert:
                 fired_at__gt=now - timedelta(hours=1),
             ).values_list("fired_at", flat=True)
         )  # fmt: skip
-        if (wait_s := hourly_budget_wait_s(fired_at, limit=limit, now=now)) is not None:
-            raise MailRateLimited(
-                f"This tenant requested {limit} test alerts in the last hour; try again in "
-                f"{wait_s} s.",
-                retry_after_s=wait_s,
-            )
+        refuse_over_hourly_budget(
+            fired_at, limit=limit, now=now, spent=f"requested {limit} test alerts"
+        )
         return Alert.objects.create(
             id=uuid.uuid4(), tenant_id=channel.tenant_id, rule=None, channel=channel,
             event=AlertEvent.TEST, subject=f"Test alert requested by {actor}",

@@ -29,7 +29,7 @@ from django.utils import timezone
 
 from apps.occurrences.models import AlertChannel
 from apps.tenants import rls
-from apps.tenants.addresses import hourly_budget_wait_s
+from apps.tenants.addresses import refuse_over_hourly_budget
 from apps.tenants.errors import MailRateLimited, RefusedRequest
 from apps.tenants.models import Tenant, TenantEvent
 from apps.tenants.services import log_tenant_event
@@ -64,12 +64,9 @@ def _refuse_over_budget(tenant_id: uuid.UUID, now: datetime) -> None:
             detail__action=SENT_ACTION, at__gt=now - timedelta(hours=1),
         ).values_list("at", flat=True)
     )  # fmt: skip
-    if (wait_s := hourly_budget_wait_s(sent_at, limit=limit, now=now)) is not None:
-        raise MailRateLimited(
-            f"This tenant sent {limit} channel confirmation mails in the last hour; try again "
-            f"in {wait_s} s.",
-            retry_after_s=wait_s,
-        )
+    refuse_over_hourly_budget(
+        sent_at, limit=limit, now=now, spent=f"sent {limit} channel confirmation mails"
+    )
 
 
 def confirmation_start(*, channel: AlertChannel, actor: str, now: datetime) -> None:
