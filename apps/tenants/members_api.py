@@ -78,10 +78,10 @@ class MemberList(APIView):
         return Response(MemberSerializer(rows, many=True).data)
 
 
+# One member's or invitation's endpoints: the tenant door before anything else, for every
+# method (404 over 405/403); `found` is the row it let through. (A comment, not a docstring:
+# the OpenAPI document would take a view's docstring as its operations' description.)
 class _OneRow(APIView):
-    """One member's or invitation's endpoints: the tenant door before anything else, for
-    every method (404 over 405/403); `found` is the row it let through."""
-
     checks_key_role = True  # the tenant door's 404 comes before the role's 403 (`_admin`)
     id_kwarg: ClassVar[str]
     found: Any

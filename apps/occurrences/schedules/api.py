@@ -19,7 +19,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from apps.core.openapi import BODY, COMMON, IDEMPOTENCY_KEY, error_table
+from apps.core.openapi import BODY, COMMON, IDEMPOTENCY_KEY, done_or_accepted, error_table
 from apps.core.pagination import KeysetPagination, unknown_query_params
 from apps.occurrences.manual_runs import schedule_backfill, schedule_run_now
 from apps.occurrences.schedule_changes import (
@@ -267,8 +267,7 @@ class ScheduleBackfill(TenantView):
     @extend_schema(
         request=BackfillRequestSerializer,
         responses={
-            200: BackfillResponseSerializer,
-            202: BackfillResponseSerializer,
+            **done_or_accepted(BackfillResponseSerializer, BackfillResponseSerializer),
             **_errors(*BODY, 404, 409, *COMMON),
         },
     )

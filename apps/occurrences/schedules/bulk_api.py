@@ -14,7 +14,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from apps.core.openapi import COMMON, error_table
+from apps.core.openapi import COMMON, done_or_accepted, error_table
 from apps.occurrences.bulk_changes import REFUSALS_KEPT, bulk_dry_run, bulk_start
 from apps.occurrences.models import BulkChange
 from apps.occurrences.schedules.serializers import ScheduleListQuerySerializer
@@ -139,10 +139,9 @@ class ScheduleBulk(APIView):
     @extend_schema(
         request=BulkRequestSerializer,
         responses={
-            200: DryRunSerializer,
-            202: BulkChangeSerializer,
+            **done_or_accepted(DryRunSerializer, BulkChangeSerializer),
             **_errors(400, 401, 403, 404, 409, 429),
-        },  # fmt: skip
+        },
     )
     def post(self, request: Request) -> Response:
         """Pause, resume, cancel or run now every schedule of `ids` or `filter`. Each
