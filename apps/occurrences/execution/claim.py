@@ -26,6 +26,9 @@ c. Quota: take the TENANT advisory lock and count the tenant's open attempts, an
    before), state unchanged: delayed, never failed, and the worker slot is free at once.
    Recovery work (catch-up lane, retries) is delayed the same way once it holds the slots
    left after the share reserved for on-time runs (presence.py, step 5).
+   A claim that goes straight here (a fresh ALLOW run, not canceled, not late) took the
+   tenant lock in step a's statement, after the row lock (`_LOCK_ROW`); the count and step d
+   are then one statement (`_OPEN_ATTEMPT`) while the tenant is under its limit and share.
 d. Insert the Attempt (fresh `lease_token`, `lease_expires_at`), occurrence → RUNNING. The
    transaction commits before the handler runs: from here on the lease is the only claim
    (heartbeat.py renews it, complete.py checks it, reaper.py takes it back). The handler's
