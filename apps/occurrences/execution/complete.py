@@ -16,6 +16,10 @@ c. The occurrence update is conditional on (RUNNING, same attempt_count); a miss
 d. A QUEUE_ONE completion then takes the SCHEDULE advisory lock — the one every claim of the
    schedule holds at its overlap step (claim.py, b) — and wakes the oldest WAITING occurrence
    with an outbox row due now.
+A success, a cancel or a permanent failure reads nothing between a and c: a and c are then
+one statement (`_RECORD_HELD`, same lock order and fencing), and a success or cancel of a
+schedule other than QUEUE_ONE, with nothing more to write, runs it without a transaction
+of its own (docs/decisions.md "Claim and completion in fewer round trips").
 """
 
 from __future__ import annotations
@@ -74,31 +78,60 @@ def attempt_complete(
     returns the new state, or None when the completion was stale and ignored."""
     assert claim.context is not None and claim.attempt_id is not None
     now = now or timezone.now()
-    with transaction.atomic(), connection.cursor() as cursor:
-        if not _lock_leased_attempt(cursor, claim):
+    decision = _decision_without_reads(claim=claim, error=error)
+    if decision is not None and not _needs_more(claim, decision):
+        # One statement and nothing after it: no transaction of its own (`_RECORD_HELD`).
+        with connection.cursor() as cursor:
+            recorded = _record_held(cursor, claim=claim, decision=decision, now=now)
+        if not recorded:
             metrics.stale_completions.inc()
             return None
-        decision = _decide(cursor, claim=claim, error=error, now=now, rng=rng or _rng)
-        if not _record(cursor, claim=claim, decision=decision, now=now):
-            metrics.stale_completions.inc()
-            transaction.set_rollback(True)
-            return None
-        if decision.retry_at is not None and decision.state == Occurrence.State.RETRY_WAIT:
-            requeue_through_outbox(cursor, _target(claim), available_at=decision.retry_at, now=now)
-            metrics.retries_scheduled.inc()
-        elif decision.state == Occurrence.State.DEAD:
-            ctx = claim.context
-            record_dead_alert(cursor, occurrence_id=ctx.occurrence_id,
-                              scheduled_for=ctx.scheduled_for, schedule_id=ctx.schedule_id,
-                              tenant_id=ctx.tenant_id)  # fmt: skip
-            metrics.dead_occurrences.inc()
-        elif decision.state == Occurrence.State.CANCELED:
+        if decision.state == Occurrence.State.CANCELED:
             metrics.cancels.inc()
-        if claim.overlap_policy == Schedule.OverlapPolicy.QUEUE_ONE:
-            _wake_waiting(cursor, claim=claim, now=now)
+    else:
+        with transaction.atomic(), connection.cursor() as cursor:
+            if not _lock_leased_attempt(cursor, claim):
+                metrics.stale_completions.inc()
+                return None
+            decision = _decide(cursor, claim=claim, error=error, now=now, rng=rng or _rng)
+            if not _record(cursor, claim=claim, decision=decision, now=now):
+                metrics.stale_completions.inc()
+                transaction.set_rollback(True)
+                return None
+            _after_record(cursor, claim=claim, decision=decision, now=now)
     _count_dead_streak(claim, decision.state)
     metrics.attempts_finished.labels(outcome=decision.outcome).inc()
     return decision.state
+
+
+def _needs_more(claim: Claim, decision: _Decision) -> bool:
+    """Whether the completion writes more than the attempt and the occurrence: a DEAD's
+    alert, a QUEUE_ONE's wake-up (those keep the lease check, decision and writes as separate
+    statements in one transaction)."""
+    return (
+        decision.state == Occurrence.State.DEAD
+        or claim.overlap_policy == Schedule.OverlapPolicy.QUEUE_ONE
+    )
+
+
+def _after_record(
+    cursor: CursorWrapper, *, claim: Claim, decision: _Decision, now: datetime
+) -> None:
+    """Steps b's follow-ups and d, in the completion's transaction."""
+    if decision.retry_at is not None and decision.state == Occurrence.State.RETRY_WAIT:
+        requeue_through_outbox(cursor, _target(claim), available_at=decision.retry_at, now=now)
+        metrics.retries_scheduled.inc()
+    elif decision.state == Occurrence.State.DEAD:
+        ctx = claim.context
+        assert ctx is not None
+        record_dead_alert(cursor, occurrence_id=ctx.occurrence_id,
+                          scheduled_for=ctx.scheduled_for, schedule_id=ctx.schedule_id,
+                          tenant_id=ctx.tenant_id)  # fmt: skip
+        metrics.dead_occurrences.inc()
+    elif decision.state == Occurrence.State.CANCELED:
+        metrics.cancels.inc()
+    if claim.overlap_policy == Schedule.OverlapPolicy.QUEUE_ONE:
+        _wake_waiting(cursor, claim=claim, now=now)
 
 
 def _count_dead_streak(claim: Claim, state: Occurrence.State) -> None:
@@ -138,15 +171,9 @@ def _lock_leased_attempt(cursor: CursorWrapper, claim: Claim) -> bool:
     return cursor.fetchone() is not None
 
 
-def _decide(
-    cursor: CursorWrapper,
-    *,
-    claim: Claim,
-    error: BaseException | None,
-    now: datetime,
-    rng: random.Random,
-) -> _Decision:
-    """Step b: the attempt's outcome and the occurrence's next state."""
+def _decision_without_reads(*, claim: Claim, error: BaseException | None) -> _Decision | None:
+    """Step b when it needs nothing from the database: a success, a cancel or a permanent
+    failure. None = a retry decision, which reads and spends the retry budget (`_decide`)."""
     assert claim.context is not None
     if error is None:
         return _Decision(Attempt.Outcome.SUCCEEDED, Occurrence.State.SUCCEEDED)
@@ -159,6 +186,25 @@ def _decide(
     if classify_error(error) == ErrorClass.PERMANENT:
         outcome, state = Attempt.Outcome.FAILED, Occurrence.State.DEAD
         return _Decision(outcome, state, error_class, error_message)
+    return None
+
+
+def _decide(
+    cursor: CursorWrapper,
+    *,
+    claim: Claim,
+    error: BaseException | None,
+    now: datetime,
+    rng: random.Random,
+) -> _Decision:
+    """Step b: the attempt's outcome and the occurrence's next state."""
+    assert claim.context is not None
+    decided = _decision_without_reads(claim=claim, error=error)
+    if decided is not None or error is None:
+        assert decided is not None
+        return decided
+    error_class, error_message = type(error).__qualname__, str(error)[:4000]
+    timed_out = isinstance(error, DeadlineExceeded)
     refused, retry_at = _retry_decision(cursor, claim=claim, error=error, now=now, rng=rng)
     if refused is not None:
         metrics.retries_refused.labels(reason=refused.reason).inc()
@@ -167,6 +213,51 @@ def _decide(
         return _Decision(outcome, Occurrence.State.DEAD, error_class, message)
     outcome = Attempt.Outcome.TIMED_OUT if timed_out else Attempt.Outcome.RETRY
     return _Decision(outcome, Occurrence.State.RETRY_WAIT, error_class, error_message, retry_at)
+
+
+# Steps a and c in one statement, for a decision that reads nothing: lock the attempt if it
+# still holds its lease, then (only then) move the occurrence if it is still RUNNING with
+# the same attempt_count, then (only then) close the attempt. Locks in complete.py's order:
+# each step runs as the next one's one-time condition, so the attempt row is locked before
+# the occurrence row is touched. A miss anywhere writes nothing.
+_RECORD_HELD = """
+    WITH held AS MATERIALIZED (
+        SELECT 1 FROM occurrences_attempt
+        WHERE id = %(attempt)s AND scheduled_for = %(at)s AND lease_token = %(token)s
+          AND finished_at IS NULL
+        FOR UPDATE
+    ), occurrence AS (
+        UPDATE occurrences_occurrence SET state = %(state)s, finished_at = %(finished_at)s
+        WHERE id = %(id)s AND scheduled_for = %(at)s AND state = %(running)s
+          AND attempt_count = %(attempt_no)s AND EXISTS (SELECT 1 FROM held)
+        RETURNING 1
+    ), attempt AS (
+        UPDATE occurrences_attempt
+        SET finished_at = %(now)s, outcome = %(outcome)s, error_class = %(error_class)s,
+            error_message = %(error_message)s
+        WHERE id = %(attempt)s AND scheduled_for = %(at)s AND lease_token = %(token)s
+          AND finished_at IS NULL AND EXISTS (SELECT 1 FROM occurrence)
+        RETURNING 1
+    )
+    SELECT EXISTS (SELECT 1 FROM attempt)
+"""
+
+
+def _record_held(
+    cursor: CursorWrapper, *, claim: Claim, decision: _Decision, now: datetime
+) -> bool:
+    """Steps a and c as `_RECORD_HELD`; False = stale (nothing written)."""
+    assert claim.context is not None
+    ctx = claim.context
+    cursor.execute(_RECORD_HELD, {
+        "attempt": claim.attempt_id, "at": ctx.scheduled_for, "token": claim.lease_token,
+        "id": ctx.occurrence_id, "state": decision.state, "running": Occurrence.State.RUNNING,
+        "finished_at": None if decision.state == Occurrence.State.RETRY_WAIT else now,
+        "attempt_no": ctx.attempt_no, "now": now, "outcome": decision.outcome,
+        "error_class": decision.error_class, "error_message": decision.error_message,
+    })  # fmt: skip
+    found = cursor.fetchone()
+    return bool(found and found[0])
 
 
 def _record(cursor: CursorWrapper, *, claim: Claim, decision: _Decision, now: datetime) -> bool:

@@ -12,7 +12,7 @@ a. lock the batch's attempts that still hold their lease (same token, unfinished
    order — a member the reaper or a newer attempt took over is left alone (stale, counted);
 b. set the occurrences of those attempts SUCCEEDED where they are still RUNNING with the
    same attempt_count (a miss is stale as in complete.py, c);
-c. close exactly those attempts.
+c. close exactly those attempts (b and c are one statement).
 Locks: attempts before occurrences, as in complete.py. A failure (an outage, a deadlock)
 rolls the whole batch back; its members stay queued for the next flush.
 
@@ -105,24 +105,28 @@ _LOCK_HELD = """
        FOR UPDATE OF a
 """
 
-_SUCCEED_OCCURRENCES = """
-    UPDATE occurrences_occurrence o SET state = %(succeeded)s, finished_at = c.finished_at
-      FROM unnest(%(occurrences)s::uuid[], %(at)s::timestamptz[], %(nos)s::int[],
-                  %(finished)s::timestamptz[], %(ids)s::uuid[])
-           AS c(occurrence_id, scheduled_for, attempt_no, finished_at, attempt_id)
-     WHERE o.id = c.occurrence_id AND o.scheduled_for = c.scheduled_for
-       AND o.state = %(running)s AND o.attempt_count = c.attempt_no
- RETURNING c.attempt_id
-"""
-
-_CLOSE_ATTEMPTS = """
-    UPDATE occurrences_attempt a
-       SET finished_at = c.finished_at, outcome = %(outcome)s, error_class = '',
-           error_message = ''
-      FROM unnest(%(ids)s::uuid[], %(at)s::timestamptz[], %(tokens)s::uuid[],
-                  %(finished)s::timestamptz[]) AS c(id, scheduled_for, lease_token, finished_at)
-     WHERE a.id = c.id AND a.scheduled_for = c.scheduled_for AND a.lease_token = c.lease_token
-       AND a.finished_at IS NULL
+# Steps b and c in one statement, after a locked the attempts: the occurrences still
+# RUNNING with the same attempt_count move to SUCCEEDED, and exactly their attempts close.
+_SUCCEED_AND_CLOSE = """
+    WITH c AS (
+        SELECT * FROM unnest(%(occurrences)s::uuid[], %(at)s::timestamptz[], %(nos)s::int[],
+                             %(finished)s::timestamptz[], %(ids)s::uuid[], %(tokens)s::uuid[])
+            AS c(occurrence_id, scheduled_for, attempt_no, finished_at, attempt_id, lease_token)
+    ), succeeded AS (
+        UPDATE occurrences_occurrence o SET state = %(succeeded)s, finished_at = c.finished_at
+          FROM c
+         WHERE o.id = c.occurrence_id AND o.scheduled_for = c.scheduled_for
+           AND o.state = %(running)s AND o.attempt_count = c.attempt_no
+     RETURNING c.attempt_id
+    ), closed AS (
+        UPDATE occurrences_attempt a
+           SET finished_at = c.finished_at, outcome = %(outcome)s, error_class = '',
+               error_message = ''
+          FROM c JOIN succeeded s ON s.attempt_id = c.attempt_id
+         WHERE a.id = c.attempt_id AND a.scheduled_for = c.scheduled_for
+           AND a.lease_token = c.lease_token AND a.finished_at IS NULL
+    )
+    SELECT attempt_id FROM succeeded
 """
 
 
@@ -136,15 +140,11 @@ def completions_record(batch: list[Completion]) -> set[uuid.UUID]:
         members = [c for c in batch if c.attempt_id in held]
         if not members:
             return set()
-        params = _arrays(members)
-        cursor.execute(_SUCCEED_OCCURRENCES, {
-            **params, "succeeded": Occurrence.State.SUCCEEDED, "running": Occurrence.State.RUNNING,
+        cursor.execute(_SUCCEED_AND_CLOSE, {
+            **_arrays(members), "succeeded": Occurrence.State.SUCCEEDED,
+            "running": Occurrence.State.RUNNING, "outcome": Attempt.Outcome.SUCCEEDED,
         })  # fmt: skip
         recorded = {row[0] for row in cursor.fetchall()}
-        closing = [c for c in members if c.attempt_id in recorded]
-        if closing:
-            cursor.execute(_CLOSE_ATTEMPTS, {**_arrays(closing),
-                                             "outcome": Attempt.Outcome.SUCCEEDED})  # fmt: skip
     return recorded
 
 

@@ -11,6 +11,9 @@ crashed worker cannot leave one behind.
   every QUEUE_ONE completion (complete.py), so "look for a RUNNING / WAITING one, then
   transition" is atomic per schedule.
 - TENANT_LOCK: held by every claim while it counts the tenant's open attempts (claim.py).
+  Its second key is PostgreSQL's `uuid_hash` of the tenant id (`tenant_lock_sql`), not H(id):
+  the claim takes it inside the statement that locks the occurrence row, before it knows the
+  tenant in Python (docs/decisions.md "Claim and completion in fewer round trips").
 - RECOVERY_LOCK: taken after TENANT_LOCK by a claim of recovery work while it counts the
   recovery work running (claim.py), so two such claims cannot both take the last slot
   outside the strict reserve.
@@ -45,6 +48,17 @@ def lock_key(value: uuid.UUID) -> int:
 def advisory_lock(cursor: CursorWrapper, namespace: int, value: uuid.UUID) -> None:
     """Wait for the transaction-scoped lock (namespace, H(value))."""
     cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [namespace, lock_key(value)])
+
+
+def tenant_lock_sql(tenant: str) -> str:
+    """SQL that waits for TENANT_LOCK of the tenant id expression `tenant` (true once held);
+    every taker uses this form, so they all agree on the key."""
+    return f"pg_advisory_xact_lock({TENANT_LOCK}, uuid_hash({tenant})) IS NOT NULL"
+
+
+def tenant_lock(cursor: CursorWrapper, tenant_id: uuid.UUID) -> None:
+    """Wait for TENANT_LOCK of `tenant_id` (the claim's step c when step a did not take it)."""
+    cursor.execute(f"SELECT {tenant_lock_sql('%s::uuid')}", [tenant_id])
 
 
 def overlap_lookback(now: datetime) -> datetime:

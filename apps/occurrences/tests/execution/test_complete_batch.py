@@ -99,14 +99,14 @@ def test_a_fenced_out_member_is_left_alone_and_the_others_commit(tenant_a):
 
 
 def test_a_failure_between_members_writes_none_and_the_next_flush_writes_all(tenant_a, monkeypatch):
-    # given: a batch whose transaction fails after the occurrences were updated, before the
-    # attempts were closed (a crash between the batch's statements)
+    # given: a batch whose transaction fails after its attempts were locked, at its write
+    # (a crash between the batch's statements)
     occs = _occurrences(tenant_a, 2)
     group = CompletionGroup(flusher=False)
     for claim in [_claim(o) for o in occs]:
         group.add(_done(claim))
-    real = complete_batch._CLOSE_ATTEMPTS
-    monkeypatch.setattr(complete_batch, "_CLOSE_ATTEMPTS", "SELECT 1/0")
+    real = complete_batch._SUCCEED_AND_CLOSE
+    monkeypatch.setattr(complete_batch, "_SUCCEED_AND_CLOSE", "SELECT 1/0")
 
     # when
     assert group.flush() == 0
@@ -116,7 +116,7 @@ def test_a_failure_between_members_writes_none_and_the_next_flush_writes_all(ten
     assert Attempt.objects.filter(finished_at__isnull=True).count() == 2
     assert group.pending() == 2
 
-    monkeypatch.setattr(complete_batch, "_CLOSE_ATTEMPTS", real)
+    monkeypatch.setattr(complete_batch, "_SUCCEED_AND_CLOSE", real)
     assert group.flush() == 2
     assert [_state(o) for o in occs] == [Occurrence.State.SUCCEEDED] * 2
     assert group.pending() == 0

@@ -82,6 +82,23 @@ def test_completion_with_a_stale_lease_token_is_ignored(tenant_a):
     assert occ.state == Occurrence.State.RETRY_WAIT
 
 
+def test_a_success_for_an_occurrence_that_moved_on_writes_nothing(tenant_a):
+    # given: the attempt still holds its lease, but its occurrence is no longer RUNNING
+    occ = _occurrence(tenant_a)
+    claim = occurrence_claim(occurrence_id=occ.id, scheduled_for=occ.scheduled_for, worker_id="w1")
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE occurrences_occurrence SET state = 'RETRY_WAIT'")
+
+    # when: its success is recorded
+    assert attempt_complete(claim=claim) is None
+
+    # then: neither the occurrence nor the attempt was written
+    occ.refresh_from_db()
+    attempt = Attempt.objects.get(occurrence_id=occ.id)
+    assert occ.state == Occurrence.State.RETRY_WAIT and occ.finished_at is None
+    assert attempt.finished_at is None and attempt.outcome == ""
+
+
 def test_transient_failure_schedules_a_retry_through_the_outbox(tenant_a):
     occ = _occurrence(tenant_a)
     claim = occurrence_claim(occurrence_id=occ.id, scheduled_for=occ.scheduled_for, worker_id="w1")
