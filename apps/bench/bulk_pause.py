@@ -1,15 +1,15 @@
 """Bulk pause benchmark (wrapped by `manage.py bench_bulk`).
 
 A real `manage.py bulk` process pauses N active schedules of one tenant — the job an API
-`POST /api/v1/schedules/bulk` writes (`bulk_start`), worked one schedule per transaction
+`POST /api/v1/schedules/bulk` writes (`bulk_start`), worked in set-based runs and paced
 (docs/decisions.md "Bulk changes: …"). Two phases:
 
 1. Alone: a smaller bulk pause with nothing else running, for the cost per paused schedule
    (the bulk process's CPU, its PostgreSQL backend's CPU, WAL) and the rate on its own.
 2. Under a burst: `bench_burst` (real materialize and relay processes, an independent
    consumer) with M strict schedules of other tenants due at one instant; the bulk pause of
-   the N schedules starts as the pipeline starts, a little before the instant, and must still
-   run while the burst is delivered. Reported: the bulk's duration and rate, how far it was
+   the N schedules starts as the pipeline starts (or `bulk_before_s` before the instant), and
+   must still run while the burst is delivered. Reported: the bulk's duration and rate, how far it was
    at the instant and at delivery, and the burst's report (the relay's strict p99 among it).
 
 WAL is read from `pg_current_wal_lsn()`, which counts the whole server: other databases'
