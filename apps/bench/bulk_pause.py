@@ -9,8 +9,9 @@ A real `manage.py bulk` process pauses N active schedules of one tenant — the 
 2. Under a burst: `bench_burst` (real materialize and relay processes, an independent
    consumer) with M strict schedules of other tenants due at one instant; the bulk pause of
    the N schedules starts as the pipeline starts (or `bulk_before_s` before the instant), and
-   must still run while the burst is delivered. Reported: the bulk's duration and rate, how far it was
-   at the instant and at delivery, and the burst's report (the relay's strict p99 among it).
+   must still run while the burst is delivered. Reported: the bulk's duration and rate, how
+   far it was at the instant and at delivery, and the burst's report (the relay's strict p99
+   among it).
 
 WAL is read from `pg_current_wal_lsn()`, which counts the whole server: other databases'
 writes during the window are included, so it is an upper bound on a shared server.
