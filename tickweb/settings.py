@@ -327,11 +327,17 @@ TICK_BACKFILL_MAX_INSTANTS = env_int("TICK_BACKFILL_MAX_INSTANTS", 1000)
 # Run-now requests one schedule accepts per minute (a sliding minute; 429 beyond it, replays
 # of a request id not counted): a button or a loop cannot queue runs faster than they matter.
 TICK_RUN_NOW_PER_MIN = env_int("TICK_RUN_NOW_PER_MIN", 10)
-# Bulk changes (apps/occurrences/bulk_changes.py): schedules per batch (each in its own
-# transaction), and how long `manage.py bulk` holds a job without renewing it: a killed
-# process's job is taken up by the next one after this.
-TICK_BULK_BATCH = env_int("TICK_BULK_BATCH", 200)
+# Bulk changes (apps/occurrences/bulk_changes.py): schedules per batch (pause, resume and
+# cancel change those with nothing to recall in one transaction per run), and how long
+# `manage.py bulk` holds a job without renewing it: a killed process's job is taken up by
+# the next one after this.
+TICK_BULK_BATCH = env_int("TICK_BULK_BATCH", 1000)
 TICK_BULK_LEASE_S = env_int("TICK_BULK_LEASE_S", 30)
+# A bulk shares the machine with the pipeline: it works this share of the time (rests in
+# proportion after each transaction; 100 = never rests), and waits at most this long after
+# each transaction while the relay has due rows waiting (0 = never waits).
+TICK_BULK_DUTY_PCT = env_int("TICK_BULK_DUTY_PCT", 50)
+TICK_BULK_YIELD_MS = env_int("TICK_BULK_YIELD_MS", 5000)
 
 # --- Celery / RabbitMQ ------------------------------------------------------------------
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "amqp://guest:guest@127.0.0.1:5672//")

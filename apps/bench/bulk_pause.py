@@ -246,10 +246,12 @@ def bench_bulk(
     lead_s: float = 60.0,
     timeout_s: float = 900.0,
     finish: bool = True,
+    bulk_before_s: float | None = None,
     log: Callable[[str], object] | None = None,
 ) -> BulkPauseReport:
     """Without `finish`, the bulk during the burst is measured until the burst is delivered
-    and left unfinished (its duration is then estimated from its rate)."""
+    and left unfinished (its duration is then estimated from its rate). `bulk_before_s`:
+    start the bulk that long before the instant (default: as the pipeline starts)."""
     say = log or (lambda message: None)
     prefix = f"tick-bench-{uuid.uuid4().hex[:8]}"
     logs = Path(tempfile.mkdtemp(prefix="tick-bench-bulk-"))
@@ -274,7 +276,7 @@ def bench_bulk(
         return _during_burst(
             procs, tenant_ids[1], schedules=schedules, burst_schedules=burst_schedules,
             burst_tenants=burst_tenants, lead_s=lead_s, timeout_s=timeout_s, alone=alone,
-            finish=finish, load=load, say=say,
+            finish=finish, load=load, say=say, bulk_before_s=bulk_before_s,
         )  # fmt: skip
     finally:
         procs.stop()
@@ -287,16 +289,33 @@ def _during_burst(
     procs: BenchProcesses, tenant_id: uuid.UUID, *, schedules: int, burst_schedules: int,
     burst_tenants: int, lead_s: float, timeout_s: float, alone: BulkPhase | None,
     finish: bool, load: dict[str, list[float]], say: Callable[[str], object],
+    bulk_before_s: float | None = None,
 ) -> BulkPauseReport:  # fmt: skip
     box: dict[str, Any] = {}
 
-    def on_started(instant: datetime) -> None:
+    def start_bulk() -> None:
         box["before"] = _Reading.now(procs)
         box["job"] = _start(tenant_id)
         box["sampler"] = sampler = _Sampler(box["job"].id)
         sampler.thread.start()
-        box["instant"] = instant
         say(f"bulk pause of {schedules:,} started")
+
+    def start_later() -> None:
+        try:
+            start_bulk()
+        finally:
+            connections.close_all()
+
+    def on_started(instant: datetime) -> None:
+        box["instant"] = instant
+        if bulk_before_s is None:
+            start_bulk()
+            return
+        # A fast bulk started with the pipeline would end before the instant: start it so
+        # that it runs across the instant and the delivery.
+        delay = max(0.0, instant.timestamp() - bulk_before_s - time.time())
+        box["timer"] = timer = threading.Timer(delay, start_later)
+        timer.start()
 
     def on_delivered() -> None:
         box["delivered"] = time.time()
@@ -307,6 +326,8 @@ def _during_burst(
         timeout_s=min(timeout_s, 300.0), log=say, on_started=on_started,
         on_delivered=on_delivered,
     )  # fmt: skip
+    if "timer" in box:
+        box["timer"].join()
     sampler: _Sampler = box["sampler"]
     job: BulkChange = box["job"]
     try:

@@ -23,6 +23,13 @@ from rest_framework import serializers
 COMMON = (401, 429)
 BODY = (400, 413, 415)
 
+
+def done_or_accepted(done: Any, accepted: Any) -> dict[int, Any]:
+    """The success answers of a POST that is either finished at once (200: e.g. a dry run,
+    a cancel of a queued run) or accepted to run after the answer (202)."""
+    return {200: done, 202: accepted}
+
+
 # The meanings shared by every API; a table may override any of them.
 GENERIC: Mapping[int | str, str] = {
     400: "Invalid input (field errors in `error.fields`).",

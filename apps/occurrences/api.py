@@ -14,7 +14,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from apps.core.openapi import COMMON, error_table
+from apps.core.openapi import COMMON, done_or_accepted, error_table
 from apps.core.pagination import KeysetPagination, unknown_query_params
 from apps.occurrences.execution.cancel import CancelOutcome, occurrence_cancel
 from apps.occurrences.execution.replay import occurrences_replay
@@ -181,8 +181,7 @@ class OccurrenceCancel(APIView):
     @extend_schema(
         request=None,
         responses={
-            200: CancelResponse,
-            202: CancelResponse,
+            **done_or_accepted(CancelResponse, CancelResponse),
             **_errors(404, 409, *COMMON),
         },
     )

@@ -3,19 +3,22 @@ filter of the schedule list, or ids), with one receipt (docs/api.md "Bulk change
 
 `bulk_start` counts the selection and writes a `BulkChange` row; `manage.py bulk` works the
 row (`bulk_step`), a batch at a time, under a lease on the row, so a killed process's job is
-taken up where it stopped once the lease runs out. Each schedule's change is the single
-verb's service (schedule_changes.py, manual_runs.py: versions, recall, receipts, events,
-alerts) in its own transaction, which also advances the row's cursor and totals: the receipt
-adds up after any crash, and no transaction holds more than one schedule (and one relay shard
-barrier) at a time.
+taken up where it stopped once the lease runs out. Pause, resume and cancel work a batch in
+runs: the schedules with nothing to recall set-based, one transaction per run
+(bulk_batches.py); a schedule with outbox rows to recall through the single verb's service
+(schedule_changes.py) in its own transaction, the only one that takes a relay shard barrier.
+Run now is the single verb (manual_runs.py) per schedule. Each transaction also advances the
+row's cursor and totals: the receipt adds up after any crash.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from itertools import takewhile
 from typing import Any
 
 from django.conf import settings
@@ -23,6 +26,14 @@ from django.db import transaction
 from django.db.models import Count, F, Q, QuerySet
 from django.utils import timezone
 
+from apps.occurrences.bulk_batches import (
+    ALREADY,
+    CHANGES,
+    RunOutcome,
+    apply_run,
+    recallable,
+    relay_behind,
+)
 from apps.occurrences.manual_runs import schedule_run_now
 from apps.occurrences.models import BulkChange
 from apps.occurrences.schedule_changes import schedule_cancel, schedule_pause, schedule_resume
@@ -37,24 +48,12 @@ log = logging.getLogger("tick.bulk")
 
 # Refusals kept with their reason in the receipt; the count covers all of them.
 REFUSALS_KEPT = 1000
+# How often a bulk waiting for the relay looks again.
+YIELD_POLL_S = 0.1
 
 Verb = BulkChange.Verb
 State = Schedule.State
 
-# What each verb finds in each state: changes it, finds it already so, or is refused (the
-# single verb's 409). Used for the dry run's counts; the run itself asks the service.
-_ALREADY: dict[str, tuple[State, ...]] = {
-    Verb.PAUSE: (State.PAUSED,),
-    Verb.RESUME: (State.ACTIVE,),
-    Verb.CANCEL: (State.CANCELED,),
-    Verb.RUN_NOW: (),
-}
-_CHANGES: dict[str, tuple[State, ...]] = {
-    Verb.PAUSE: (State.ACTIVE,),
-    Verb.RESUME: (State.PAUSED,),
-    Verb.CANCEL: (State.ACTIVE, State.PAUSED, State.COMPLETED),
-    Verb.RUN_NOW: (State.ACTIVE, State.PAUSED, State.COMPLETED),
-}
 _SERVICES: dict[str, Callable[..., Any]] = {
     Verb.PAUSE: schedule_pause,
     Verb.RESUME: schedule_resume,
@@ -89,8 +88,8 @@ def bulk_dry_run(*, tenant: Tenant, verb: str, selection: dict[str, Any]) -> Dry
         for row in selected(tenant, selection).order_by().values("state").annotate(n=Count("id"))
     }
     matched = sum(counts.values())
-    change = sum(counts.get(s, 0) for s in _CHANGES[verb])
-    already = sum(counts.get(s, 0) for s in _ALREADY[verb])
+    change = sum(counts.get(s, 0) for s in CHANGES[verb])
+    already = sum(counts.get(s, 0) for s in ALREADY[verb])
     return DryRun(str(verb), matched, change, already, matched - change - already)
 
 
@@ -167,7 +166,7 @@ def _apply_state_verb(job: BulkChange, schedule: Schedule) -> None:
     """Pause, resume or cancel one schedule and count it, in one transaction."""
     with transaction.atomic():
         locked = lock_schedule(schedule)
-        if locked.state in _ALREADY[job.verb]:
+        if locked.state in ALREADY[job.verb]:
             _count(job, locked, "already", None)
             return
         try:
@@ -177,6 +176,69 @@ def _apply_state_verb(job: BulkChange, schedule: Schedule) -> None:
             _count(job, locked, "refused", _refusal(locked, err))
             return
         _count(job, locked, "changed", None)
+
+
+def _deadline() -> float:
+    """A third of the lease from now: a batch stops there (the cursor is exact after every
+    transaction) and the next step renews the lease, so a slow batch (schedules to recall
+    one by one) never outlives it and no second process works the job meanwhile."""
+    return time.monotonic() + settings.TICK_BULK_LEASE_S / 3
+
+
+def _count_run(job: BulkChange, counted: list[Schedule], outcome: RunOutcome) -> None:
+    """Advance the job past `counted` with a set-based run's totals (in its transaction)."""
+    last = counted[-1]
+    updates: dict[str, Any] = {
+        "after_created_at": last.created_at, "after_id": last.id,
+        "changed": F("changed") + outcome.changed, "already": F("already") + outcome.already,
+        "refused": F("refused") + len(outcome.refusals),
+    }  # fmt: skip
+    room = max(0, REFUSALS_KEPT - job.refused)
+    if outcome.refusals and room:
+        job.refusals = [*job.refusals, *outcome.refusals[:room]]
+        updates["refusals"] = job.refusals
+    BulkChange.objects.filter(pk=job.pk).update(**updates)
+    job.changed += outcome.changed
+    job.already += outcome.already
+    job.refused += len(outcome.refusals)
+    job.after_created_at, job.after_id = last.created_at, last.id
+
+
+def _apply_state_verbs(job: BulkChange, schedules: list[Schedule]) -> None:
+    """Pause, resume or cancel a batch: runs of schedules with nothing to recall set-based
+    in one transaction each (bulk_batches.py); one with outbox rows to recall alone through
+    the single verb, which takes its shard's relay barrier for that schedule only."""
+    recall = recallable(job.verb, schedules)  # a hint; each run checks again under lock
+    pending = schedules
+    deadline = _deadline()
+    while pending and (pending is schedules or time.monotonic() < deadline):
+        started = time.monotonic()
+        if pending[0].id in recall:
+            _apply_state_verb(job, pending[0])
+            pending = pending[1:]
+        else:
+            run = list(takewhile(lambda s: s.id not in recall, pending))
+            with transaction.atomic():
+                outcome = apply_run(verb=job.verb, run=run, actor=job.actor)
+                if outcome.handled:
+                    _count_run(job, run[: outcome.handled], outcome)
+            if outcome.handled < len(run):
+                recall.add(run[outcome.handled].id)
+            pending = pending[outcome.handled :]
+        _pace(time.monotonic() - started)
+
+
+def _pace(worked_s: float) -> None:
+    """Leave the machine to the pipeline between the bulk's transactions: rest in proportion
+    to the work just done (`TICK_BULK_DUTY_PCT` of the time working), then, while the relay
+    has due rows waiting, wait for it, at most `TICK_BULK_YIELD_MS` (a relay that stays
+    behind, e.g. a broker outage, only slows the bulk). docs/decisions.md "Bulk changes: …"."""
+    duty = settings.TICK_BULK_DUTY_PCT / 100
+    if 0 < duty < 1:
+        time.sleep(worked_s * (1 - duty) / duty)
+    until = time.monotonic() + settings.TICK_BULK_YIELD_MS / 1000
+    while time.monotonic() < until and relay_behind():
+        time.sleep(YIELD_POLL_S)
 
 
 def _apply_run_now(job: BulkChange, schedule: Schedule) -> None:
@@ -198,11 +260,14 @@ def bulk_step(*, owner: str, batch: int | None = None, now: datetime | None = No
     if job is None:
         return 0
     schedules = _next_batch(job, batch or settings.TICK_BULK_BATCH)
-    for schedule in schedules:
-        if job.verb == Verb.RUN_NOW:
+    if job.verb == Verb.RUN_NOW:
+        deadline = _deadline()
+        for index, schedule in enumerate(schedules):
+            if index and time.monotonic() >= deadline:
+                break
             _apply_run_now(job, schedule)
-        else:
-            _apply_state_verb(job, schedule)
+    else:
+        _apply_state_verbs(job, schedules)
     if not schedules:
         BulkChange.objects.filter(pk=job.pk).update(
             state=BulkChange.State.DONE, finished_at=timezone.now(), lease_until=None

@@ -94,24 +94,17 @@ _IN_FLIGHT = (
 )
 
 
-class RunNowTooOften(LifecycleError):
+class RunNowTooOften(LifecycleError, status=429, code="rate_limited"):
     """More run-now requests for one schedule within a minute than TICK_RUN_NOW_PER_MIN."""
 
-    status = 429
-    code = "rate_limited"
+
+class BackfillTooLarge(LifecycleError, status=400, code="backfill_too_large"):
+    """The range holds more instants of the schedule than one backfill runs."""
 
 
-class BackfillTooLarge(LifecycleError):
-    status = 400
-    code = "backfill_too_large"
-
-
-class NoStorageForDay(LifecycleError):
+class NoStorageForDay(LifecycleError, status=409, code="no_partition"):
     """An instant falls on a day Tick keeps no occurrence partition for (before its stored
     history, or today's not created yet because the materializer is not running)."""
-
-    status = 409
-    code = "no_partition"
 
 
 def _partitions_ready(days: set[date]) -> None:

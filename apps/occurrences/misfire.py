@@ -46,8 +46,9 @@ from apps.schedules.models import Schedule, ScheduleEvent
 
 ONE_MICROSECOND = timedelta(microseconds=1)
 
-# The relay asks about rows at least this late only: a row read on time is late by the
-# milliseconds of its publish, which no policy judges (the claim still does, exactly).
+# The relay asks about rows at least this late (past their `available_at`) only: a row read
+# on time is late by the milliseconds of its publish, which no policy judges (the claim still
+# does, exactly).
 RELAY_JUDGE_FLOOR = timedelta(seconds=1)
 
 # States in which an occurrence waits for its first attempt and its instant may still be

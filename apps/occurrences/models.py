@@ -532,8 +532,9 @@ class Alert(models.Model):
 class BulkChange(models.Model):
     """One bulk pause / resume / cancel / run now over a tenant's schedules, worked in
     bounded batches by `manage.py bulk` (apps/occurrences/bulk_changes.py): each schedule's
-    change is the single verb's, in its own short transaction, which also advances this row
-    (cursor and totals), so a restart resumes after the last schedule counted."""
+    change is the single verb's, in a short transaction (one per run of schedules with nothing
+    to recall, one per schedule with a recall) which also advances this row (cursor and
+    totals), so a restart resumes after the last schedule counted."""
 
     class Verb(models.TextChoices):
         PAUSE = "pause", "Pause"

@@ -69,8 +69,10 @@ RECEIPT_LIMIT = 1000
 
 # Not yet handed to a worker: update and cancel recall both; pause lets pending retries run.
 _PENDING = (Occurrence.State.SCHEDULED, Occurrence.State.RETRY_WAIT)
-_IN_FLIGHT = (Occurrence.State.ENQUEUED, Occurrence.State.RUNNING, Occurrence.State.RETRY_WAIT)
-_FINISHED = (Occurrence.State.SUCCEEDED, Occurrence.State.DEAD, Occurrence.State.SKIPPED_OVERLAP)
+IN_FLIGHT = (Occurrence.State.ENQUEUED, Occurrence.State.RUNNING, Occurrence.State.RETRY_WAIT)
+FINISHED = (Occurrence.State.SUCCEEDED, Occurrence.State.DEAD, Occurrence.State.SKIPPED_OVERLAP)
+# Outbox lanes a recall leaves alone: pause lets pending retries run; cancel keeps none.
+PAUSE_KEEPS = (Lane.RETRY,)
 # What a recall leaves behind: these instants are free for the new version.
 _DROPPED = (Occurrence.State.SUPERSEDED, Occurrence.State.CANCELED)
 
@@ -217,7 +219,7 @@ _LATEST_KEPT = """
 """
 
 
-def _values(members: Sequence[str]) -> list[str]:
+def enum_values(members: Sequence[str]) -> list[str]:
     # The members' values as plain strings: what the state and lane columns hold.
     return [str(member) for member in members]
 
@@ -233,7 +235,7 @@ def _recall(
 ) -> Recalled:
     params: dict[str, Any] = {
         "shard": schedule.shard, "schedule": schedule.id, "below": below,
-        "keep_lanes": _values(keep_lanes),
+        "keep_lanes": enum_values(keep_lanes),
     }  # fmt: skip
     with connection.cursor() as cursor:
         cursor.execute(_HAS_RECALLABLE, params)
@@ -251,7 +253,7 @@ def _recall(
     published_by = timezone.now() + RELAY_CLOCK_SLACK
     with connection.cursor() as cursor:
         cursor.execute(_RECALL, {
-            **params, "from_states": _values(from_states), "to_state": str(to_state),
+            **params, "from_states": enum_values(from_states), "to_state": str(to_state),
             "now": now, "published_by": published_by,
         })  # fmt: skip
         rows = sorted(cursor.fetchall(), key=lambda r: (r[1], r[0]))
@@ -274,7 +276,7 @@ def _not_recalled(*, schedule: Schedule, below: int, now: datetime) -> list[NotR
         cursor.execute(_NOT_RECALLED, {
             "schedule": schedule.id, "below": below, "now": now,
             "since": now - timedelta(seconds=settings.TICK_RECEIPT_LOOKBACK_S),
-            "in_flight": _values(_IN_FLIGHT), "finished": _values(_FINISHED),
+            "in_flight": enum_values(IN_FLIGHT), "finished": enum_values(FINISHED),
             "limit": RECEIPT_LIMIT,
         })  # fmt: skip
         return [NotRecalled(*row) for row in cursor.fetchall()]
@@ -283,7 +285,7 @@ def _not_recalled(*, schedule: Schedule, below: int, now: datetime) -> list[NotR
 def _latest_kept(*, schedule: Schedule, below: int, now: datetime) -> datetime | None:
     with connection.cursor() as cursor:
         cursor.execute(_LATEST_KEPT, {
-            "schedule": schedule.id, "below": below, "now": now, "dropped": _values(_DROPPED),
+            "schedule": schedule.id, "below": below, "now": now, "dropped": enum_values(_DROPPED),
         })  # fmt: skip
         row = cursor.fetchone()
     return row[0] if row else None
@@ -339,7 +341,7 @@ def _refuse_stale_or_canceled(*, read: Schedule, locked: Schedule) -> None:
         raise StateConflict("A canceled schedule cannot be updated; create a new one.")
 
 
-def _refuse_unless(locked: Schedule, state: Schedule.State, change: str) -> None:
+def refuse_unless(locked: Schedule, state: Schedule.State, change: str) -> None:
     if locked.state != state:
         raise StateConflict(
             f"A {locked.state.lower()} schedule cannot be {change} (only {state.lower()} ones)."
@@ -417,9 +419,9 @@ def schedule_pause(*, schedule: Schedule, actor: str, reason: str = "") -> Lifec
         locked = lock_schedule(schedule)
         if locked.state == Schedule.State.PAUSED:
             return LifecycleResult(locked, Receipt(ScheduleEvent.Kind.PAUSED, now, locked.version))
-        _refuse_unless(locked, Schedule.State.ACTIVE, "paused")
+        refuse_unless(locked, Schedule.State.ACTIVE, "paused")
         receipt = _recall_same_version(
-            ScheduleEvent.Kind.PAUSED, locked, now, keep_lanes=[Lane.RETRY],
+            ScheduleEvent.Kind.PAUSED, locked, now, keep_lanes=PAUSE_KEEPS,
             from_states=[Occurrence.State.SCHEDULED],
         )  # fmt: skip
         mark_paused(
@@ -445,7 +447,7 @@ def schedule_resume(*, schedule: Schedule, actor: str) -> LifecycleResult:
     with transaction.atomic():
         locked = lock_schedule(schedule)
         if locked.state != Schedule.State.ACTIVE:  # resuming an active schedule changes nothing
-            _refuse_unless(locked, Schedule.State.PAUSED, "resumed")
+            refuse_unless(locked, Schedule.State.PAUSED, "resumed")
             restored = _restore(schedule=locked, now=now)
             mark_active(schedule=locked, actor=actor, now=now, restored=len(restored))
     receipt = Receipt(ScheduleEvent.Kind.RESUMED, now, locked.version, restored=restored)

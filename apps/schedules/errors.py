@@ -18,23 +18,14 @@ class LifecycleError(RefusedRequest):
     """A refused schedule change that changed nothing."""
 
 
-class StateConflict(LifecycleError):
+class StateConflict(LifecycleError, status=409, code="state_conflict"):
     """The schedule's state does not allow the transition (e.g. pausing a canceled one)."""
 
-    status = 409
-    code = "state_conflict"
 
-
-class QuotaExceeded(LifecycleError):
+class QuotaExceeded(LifecycleError, status=409, code="quota_exceeded"):
     """A count quota (active schedules) is full. Not a rate: retrying will not help until
     the tenant frees capacity, so it is a 409, never a 429 without Retry-After."""
 
-    status = 409
-    code = "quota_exceeded"
 
-
-class RuleTooFrequent(LifecycleError):
+class RuleTooFrequent(LifecycleError, status=400, code="rule_too_frequent"):
     """The rule fires more often than the tenant's minimum interval allows."""
-
-    status = 400
-    code = "rule_too_frequent"

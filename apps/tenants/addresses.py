@@ -17,6 +17,8 @@ from datetime import datetime, timedelta
 from django.core.exceptions import ValidationError
 from django.core.validators import validate_email
 
+from apps.tenants.errors import MailRateLimited
+
 # RFC 6761/6762/8375 and common private-network suffixes a relay would resolve internally.
 LOCAL_SUFFIXES = ("localhost", "localdomain", "local", "internal", "home.arpa", "arpa", "lan")
 
@@ -50,3 +52,15 @@ def hourly_budget_wait_s(sent_at: list[datetime], *, limit: int, now: datetime) 
     if len(window) < limit:
         return None
     return max(1, math.ceil((min(window) + timedelta(hours=1) - now).total_seconds()))
+
+
+def refuse_over_hourly_budget(
+    sent_at: list[datetime], *, limit: int, now: datetime, spent: str
+) -> None:
+    """`MailRateLimited` (429 with Retry-After) once `limit` mails of a kind went out in the
+    hour before `now`; `spent` says what, e.g. "sent 10 invitation mails"."""
+    if (wait_s := hourly_budget_wait_s(sent_at, limit=limit, now=now)) is not None:
+        raise MailRateLimited(
+            f"This tenant {spent} in the last hour; try again in {wait_s} s.",
+            retry_after_s=wait_s,
+        )

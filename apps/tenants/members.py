@@ -30,11 +30,10 @@ from django.urls import reverse
 from django.utils import timezone
 
 from apps.tenants import rls
-from apps.tenants.addresses import email_address_errors, hourly_budget_wait_s
+from apps.tenants.addresses import email_address_errors, refuse_over_hourly_budget
 from apps.tenants.errors import (
     InvitationStateConflict,
     LastAdminRefused,
-    MailRateLimited,
     MembershipConflict,
     RefusedRequest,
 )
@@ -118,11 +117,7 @@ def _refuse_over_mail_budget(tenant: Tenant, now: datetime) -> None:
             tenant=tenant, kind__in=INVITATION_MAIL_EVENTS, at__gt=now - timedelta(hours=1)
         ).values_list("at", flat=True)
     )
-    if (wait_s := hourly_budget_wait_s(sent_at, limit=limit, now=now)) is not None:
-        raise MailRateLimited(
-            f"This tenant sent {limit} invitation mails in the last hour; try again in {wait_s} s.",
-            retry_after_s=wait_s,
-        )
+    refuse_over_hourly_budget(sent_at, limit=limit, now=now, spent=f"sent {limit} invitation mails")
 
 
 def _send_invitation(invitation: Invitation, token: str, site_url: str) -> None:

@@ -9,9 +9,8 @@ POSTs take an `Idempotency-Key` like schedule creation.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
-from django.utils import timezone
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.exceptions import PermissionDenied
@@ -21,26 +20,16 @@ from rest_framework.views import APIView
 
 from apps.core.openapi import BODY, COMMON, IDEMPOTENCY_KEY, error_table
 from apps.core.pagination import unknown_query_params
+from apps.tenants import members
 from apps.tenants.authentication import TenantPrincipal, principal_of
-from apps.tenants.members import (
-    access_invitation,
-    access_membership,
-    invitation_create,
-    invitation_resend,
-    invitation_revoke,
-    invitations_for,
-    members_for,
-    membership_change_role,
-    membership_remove,
-)
-from apps.tenants.models import Membership
+from apps.tenants.idempotency import idempotent_post
+from apps.tenants.models import Invitation, Membership, Tenant
 from apps.tenants.serializers import (
     InvitationCreateSerializer,
     InvitationSerializer,
     MemberSerializer,
     MemberUpdateSerializer,
 )
-from apps.tenants.services import idempotency_lookup, idempotency_request_hash, idempotent_call
 
 # Team-sized lists are answered whole, up to this many rows (newest first for invitations).
 LIST_LIMIT = 1000
@@ -78,32 +67,6 @@ def _site_url(request: Request) -> str:
     return request.build_absolute_uri("/")
 
 
-def _maybe_idempotent(request: Request, call: Callable[[], tuple[int, Any]]) -> Response:
-    """Run `call` once per Idempotency-Key (when given) and answer its response; a retry
-    with the same key and body replays it (`Idempotent-Replayed: true`)."""
-    principal = principal_of(request)
-    key = request.headers.get("Idempotency-Key")
-    if key is None:
-        code, body = call()
-        return Response(body, status=code)
-    if not (1 <= len(key) <= 255 and key.isascii() and key.isprintable()):
-        raise serializers.ValidationError(
-            {"Idempotency-Key": ["Use 1 to 255 printable ASCII characters."]}
-        )
-    request_hash = idempotency_request_hash(
-        method=request.method or "POST", path=request.path, data=request.data
-    )
-    result = idempotency_lookup(
-        tenant=principal.tenant, key=key, request_hash=request_hash, now=timezone.now()
-    )
-    if result is None:
-        result = idempotent_call(
-            tenant=principal.tenant, key=key, request_hash=request_hash, call=call
-        )
-    headers = {"Idempotent-Replayed": "true"} if result.replayed else None
-    return Response(result.body, status=result.status, headers=headers)
-
-
 class MemberList(APIView):
     checks_key_role = True  # the tenant door's 404 comes before the role's 403 (`_admin`)
 
@@ -111,22 +74,35 @@ class MemberList(APIView):
     def get(self, request: Request) -> Response:
         """The tenant's members (people with a web login), by username."""
         _no_query(request)
-        rows = members_for(tenant=principal_of(request).tenant)[:LIST_LIMIT]
+        rows = members.members_for(tenant=principal_of(request).tenant)[:LIST_LIMIT]
         return Response(MemberSerializer(rows, many=True).data)
 
 
-class MemberDetail(APIView):
+# One member's or invitation's endpoints: the tenant door before anything else, for every
+# method (404 over 405/403); `found` is the row it let through. (A comment, not a docstring:
+# the OpenAPI document would take a view's docstring as its operations' description.)
+class _OneRow(APIView):
     checks_key_role = True  # the tenant door's 404 comes before the role's 403 (`_admin`)
+    id_kwarg: ClassVar[str]
+    found: Any
+
+    def door(self, tenant: Tenant, row_id: Any) -> Any:
+        raise NotImplementedError
 
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
         super().initial(request, *args, **kwargs)
-        # The tenant door before anything else, for every method (404 over 405/403).
-        access_membership(tenant=principal_of(request).tenant, membership_id=kwargs["member_id"])
+        self.found = self.door(principal_of(request).tenant, kwargs[self.id_kwarg])
+
+
+class MemberDetail(_OneRow):
+    id_kwarg = "member_id"
+
+    def door(self, tenant: Tenant, row_id: Any) -> Membership:
+        return members.access_membership(tenant=tenant, membership_id=row_id)
 
     @extend_schema(responses={200: MemberSerializer, **_errors(404, *COMMON)})
     def get(self, request: Request, member_id: int) -> Response:
-        member = access_membership(tenant=principal_of(request).tenant, membership_id=member_id)
-        return Response(MemberSerializer(member).data)
+        return Response(MemberSerializer(self.found).data)
 
     @extend_schema(
         request=MemberUpdateSerializer,
@@ -135,10 +111,10 @@ class MemberDetail(APIView):
     def patch(self, request: Request, member_id: int) -> Response:
         """Change a member's role. Demoting the last admin is a 409 `last_admin`."""
         principal = _admin(request)
-        member = access_membership(tenant=principal.tenant, membership_id=member_id)
+        member = members.access_membership(tenant=principal.tenant, membership_id=member_id)
         body = MemberUpdateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        changed = membership_change_role(
+        changed = members.membership_change_role(
             membership=member, role=Membership.Role(body.validated_data["role"]),
             actor=principal.actor,
         )  # fmt: skip
@@ -148,8 +124,8 @@ class MemberDetail(APIView):
     def delete(self, request: Request, member_id: int) -> Response:
         """Remove a member from the tenant (their account stays). The last admin: 409."""
         principal = _admin(request)
-        member = access_membership(tenant=principal.tenant, membership_id=member_id)
-        membership_remove(membership=member, actor=principal.actor)
+        member = members.access_membership(tenant=principal.tenant, membership_id=member_id)
+        members.membership_remove(membership=member, actor=principal.actor)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
@@ -161,7 +137,7 @@ class InvitationListCreate(APIView):
         """The tenant's invitations, newest first, in every state (pending, expired,
         accepted, revoked)."""
         _no_query(request)
-        rows = invitations_for(tenant=principal_of(request).tenant)[:LIST_LIMIT]
+        rows = members.invitations_for(tenant=principal_of(request).tenant)[:LIST_LIMIT]
         return Response(InvitationSerializer(rows, many=True).data)
 
     @extend_schema(
@@ -178,69 +154,63 @@ class InvitationListCreate(APIView):
         body.is_valid(raise_exception=True)
 
         def create() -> tuple[int, Any]:
-            invitation = invitation_create(
+            invitation = members.invitation_create(
                 tenant=principal.tenant, email=body.validated_data["email"],
                 role=Membership.Role(body.validated_data["role"]), actor=principal.actor,
                 site_url=_site_url(request),
             )  # fmt: skip
             return status.HTTP_201_CREATED, dict(InvitationSerializer(invitation).data)
 
-        return _maybe_idempotent(request, create)
+        return idempotent_post(request, create)
 
 
-class InvitationDetail(APIView):
-    checks_key_role = True  # the tenant door's 404 comes before the role's 403 (`_admin`)
+class InvitationDetail(_OneRow):
+    id_kwarg = "invitation_id"
 
-    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
-        super().initial(request, *args, **kwargs)
-        access_invitation(
-            tenant=principal_of(request).tenant, invitation_id=kwargs["invitation_id"]
-        )
+    def door(self, tenant: Tenant, row_id: Any) -> Invitation:
+        return members.access_invitation(tenant=tenant, invitation_id=row_id)
 
     @extend_schema(responses={200: InvitationSerializer, **_errors(404, *COMMON)})
     def get(self, request: Request, invitation_id: Any) -> Response:
-        invitation = access_invitation(
-            tenant=principal_of(request).tenant, invitation_id=invitation_id
-        )
-        return Response(InvitationSerializer(invitation).data)
+        return Response(InvitationSerializer(self.found).data)
+
+
+# Re-send and revoke: no body, the invitation as it is afterwards.
+_invitation_action_schema = extend_schema(
+    request=None,
+    parameters=[IDEMPOTENCY_KEY],
+    responses={200: InvitationSerializer, **_errors(403, 404, 409, *COMMON)},
+)
 
 
 def _invitation_action(request: Request, invitation_id: Any, act: Callable[..., Any]) -> Response:
     principal = _admin(request)
-    invitation = access_invitation(tenant=principal.tenant, invitation_id=invitation_id)
+    invitation = members.access_invitation(tenant=principal.tenant, invitation_id=invitation_id)
 
     def call() -> tuple[int, Any]:
         return status.HTTP_200_OK, dict(InvitationSerializer(act(invitation, principal)).data)
 
-    return _maybe_idempotent(request, call)
+    return idempotent_post(request, call)
 
 
 class InvitationResend(InvitationDetail):
-    @extend_schema(
-        request=None,
-        parameters=[IDEMPOTENCY_KEY],
-        responses={200: InvitationSerializer, **_errors(403, 404, 409, *COMMON)},
-    )
+    @_invitation_action_schema
     def post(self, request: Request, invitation_id: Any) -> Response:
         """Mail a new link and restart the expiry; the earlier link stops working. An
         accepted or revoked invitation: 409 `invitation_closed`."""
         return _invitation_action(
             request, invitation_id,
-            lambda inv, who: invitation_resend(
+            lambda inv, who: members.invitation_resend(
                 invitation=inv, actor=who.actor, site_url=_site_url(request)
             ),
         )  # fmt: skip
 
 
 class InvitationRevoke(InvitationDetail):
-    @extend_schema(
-        request=None,
-        parameters=[IDEMPOTENCY_KEY],
-        responses={200: InvitationSerializer, **_errors(403, 404, 409, *COMMON)},
-    )
+    @_invitation_action_schema
     def post(self, request: Request, invitation_id: Any) -> Response:
         """Revoke an open invitation: its link is refused from now on."""
         return _invitation_action(
             request, invitation_id,
-            lambda inv, who: invitation_revoke(invitation=inv, actor=who.actor),
+            lambda inv, who: members.invitation_revoke(invitation=inv, actor=who.actor),
         )  # fmt: skip

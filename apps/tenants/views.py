@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from functools import wraps
+from typing import Any, TypeVar
 from urllib.parse import urlencode, urlsplit
 
 from axes.helpers import get_client_username
@@ -44,7 +45,7 @@ from apps.tenants.members import (
     membership_remove,
     users_with_address,
 )
-from apps.tenants.models import ApiKey, Invitation, Membership, SigningSecret, TenantEvent
+from apps.tenants.models import ApiKey, Invitation, Membership, SigningSecret, Tenant, TenantEvent
 from apps.tenants.page_lists import page_list
 from apps.tenants.services import api_key_create, api_key_revoke_for_tenant
 from apps.tenants.signing import (
@@ -281,68 +282,66 @@ def _refusal_or(request: HttpRequest, action: Callable[[], str]) -> HttpResponse
     return redirect("members")
 
 
-@tenant_page
-@require_POST
-def invitation_resend_view(request: HttpRequest, invitation_id: str) -> HttpResponse:
-    tick = tick_of(request)
-    invitation = access_invitation(tenant=tick.tenant, invitation_id=invitation_id)
-    admin_only(request)
-
-    def act() -> str:
-        invitation_resend(
-            invitation=invitation, actor=actor_of(request), site_url=_site_url(request)
-        )
-        return f"Invitation to {invitation.email} sent again; the earlier link no longer works."
-
-    return _refusal_or(request, act)
+Row = TypeVar("Row")
 
 
-@tenant_page
-@require_POST
-def invitation_revoke_view(request: HttpRequest, invitation_id: str) -> HttpResponse:
-    tick = tick_of(request)
-    invitation = access_invitation(tenant=tick.tenant, invitation_id=invitation_id)
-    admin_only(request)
+def _change_on(
+    door: Callable[[Tenant, str], Row],
+) -> Callable[[Callable[[HttpRequest, Row], str]], Callable[..., HttpResponse]]:
+    """A change of the members page to one row: POST only; the tenant door (another tenant's
+    id is a 404) before the role (a viewer's 403); then `change(request, row)`, whose message,
+    or its refusal's, the page shows."""
 
-    def act() -> str:
-        invitation_revoke(invitation=invitation, actor=actor_of(request))
-        return f"Invitation to {invitation.email} revoked."
+    def decorate(change: Callable[[HttpRequest, Row], str]) -> Callable[..., HttpResponse]:
+        @tenant_page
+        @require_POST
+        @wraps(change)
+        def view(request: HttpRequest, **ids: str) -> HttpResponse:
+            (row_id,) = ids.values()
+            row = door(tick_of(request).tenant, row_id)
+            admin_only(request)
+            return _refusal_or(request, lambda: change(request, row))
 
-    return _refusal_or(request, act)
+        return view
+
+    return decorate
 
 
-@tenant_page
-@require_POST
-def member_role_view(request: HttpRequest, membership_id: str) -> HttpResponse:
-    tick = tick_of(request)
-    membership = access_membership(tenant=tick.tenant, membership_id=membership_id)
-    admin_only(request)
+def _invitation(tenant: Tenant, invitation_id: str) -> Invitation:
+    return access_invitation(tenant=tenant, invitation_id=invitation_id)
+
+
+def _membership(tenant: Tenant, membership_id: str) -> Membership:
+    return access_membership(tenant=tenant, membership_id=membership_id)
+
+
+@_change_on(_invitation)
+def invitation_resend_view(request: HttpRequest, invitation: Invitation) -> str:
+    invitation_resend(invitation=invitation, actor=actor_of(request), site_url=_site_url(request))
+    return f"Invitation to {invitation.email} sent again; the earlier link no longer works."
+
+
+@_change_on(_invitation)
+def invitation_revoke_view(request: HttpRequest, invitation: Invitation) -> str:
+    invitation_revoke(invitation=invitation, actor=actor_of(request))
+    return f"Invitation to {invitation.email} revoked."
+
+
+@_change_on(_membership)
+def member_role_view(request: HttpRequest, membership: Membership) -> str:
     form = RoleForm(request.POST)
     if not form.is_valid():
-        messages.error(request, "Choose admin or viewer.")
-        return redirect("members")
-
-    def act() -> str:
-        changed = membership_change_role(
-            membership=membership, role=_role(form.cleaned_data["role"]), actor=actor_of(request)
-        )
-        return f"{changed.user.get_username()} is now {changed.get_role_display().lower()}."
-
-    return _refusal_or(request, act)
+        raise RefusedRequest("Choose admin or viewer.")
+    changed = membership_change_role(
+        membership=membership, role=_role(form.cleaned_data["role"]), actor=actor_of(request)
+    )
+    return f"{changed.user.get_username()} is now {changed.get_role_display().lower()}."
 
 
-@tenant_page
-@require_POST
-def member_remove_view(request: HttpRequest, membership_id: str) -> HttpResponse:
-    tick = tick_of(request)
-    membership = access_membership(tenant=tick.tenant, membership_id=membership_id)
-    admin_only(request)
-
-    def act() -> str:
-        membership_remove(membership=membership, actor=actor_of(request))
-        return f"{membership.user.get_username()} was removed from {tick.tenant.name}."
-
-    return _refusal_or(request, act)
+@_change_on(_membership)
+def member_remove_view(request: HttpRequest, membership: Membership) -> str:
+    membership_remove(membership=membership, actor=actor_of(request))
+    return f"{membership.user.get_username()} was removed from {tick_of(request).tenant.name}."
 
 
 ACTIVITY_PAGE = 50

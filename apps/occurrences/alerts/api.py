@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from django.utils import timezone
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.exceptions import MethodNotAllowed
@@ -18,18 +18,8 @@ from rest_framework.views import APIView
 
 from apps.core.openapi import BODY, COMMON, IDEMPOTENCY_KEY, error_table
 from apps.core.pagination import KeysetPagination, unknown_query_params
-from apps.occurrences.alerts.configure import (
-    AlertConfigError,
-    access_channel,
-    access_rule,
-    channel_create,
-    channel_delete,
-    channel_update,
-    rule_create,
-    rule_delete,
-    rule_update,
-    send_test_alert,
-)
+from apps.occurrences.alerts import configure
+from apps.occurrences.alerts.configure import AlertConfigError
 from apps.occurrences.alerts.confirm import confirmation_resend
 from apps.occurrences.alerts.history import alerts_history
 from apps.occurrences.alerts.serializers import (
@@ -45,12 +35,8 @@ from apps.occurrences.alerts.serializers import (
 )
 from apps.occurrences.models import AlertChannel, AlertRule
 from apps.tenants.authentication import principal_of
-from apps.tenants.services import (
-    IdempotentResponse,
-    idempotency_lookup,
-    idempotency_request_hash,
-    idempotent_call,
-)
+from apps.tenants.idempotency import idempotent_post
+from apps.tenants.models import Tenant
 
 _errors = error_table(
     {
@@ -86,27 +72,84 @@ def _object_body(request: Request) -> dict[str, Any]:
     return request.data
 
 
-def _create(request: Request, make: Callable[[], tuple[int, Any]]) -> Response:
-    """Run `make` (validate + create, returns status and body) once per Idempotency-Key."""
-    key = request.headers.get("Idempotency-Key")
-    if key is None:
-        code, body = make()
-        return Response(body, status=code)
-    if not (1 <= len(key) <= 255 and key.isascii() and key.isprintable()):
-        raise serializers.ValidationError(
-            {"Idempotency-Key": ["Use 1 to 255 printable ASCII characters."]}
-        )
-    tenant = principal_of(request).tenant
-    request_hash = idempotency_request_hash(
-        method=request.method or "POST", path=request.path, data=request.data
-    )
-    result: IdempotentResponse | None = idempotency_lookup(
-        tenant=tenant, key=key, request_hash=request_hash, now=timezone.now()
-    )
-    if result is None:
-        result = idempotent_call(tenant=tenant, key=key, request_hash=request_hash, call=make)
-    headers = {"Idempotent-Replayed": "true"} if result.replayed else None
-    return Response(result.body, status=result.status, headers=headers)
+@dataclass(frozen=True)
+class _Kind:
+    """What differs between the channel endpoints and the rule endpoints: the rest of a
+    list, create, change or delete is the same (the helpers below)."""
+
+    model: Any  # AlertChannel or AlertRule
+    input: Callable[..., Any]  # the input serializer, with `to_spec()`
+    output: type[serializers.BaseSerializer[Any]]
+    access: Callable[[Tenant, Any], Any]  # the tenant door: another tenant's id is a 404
+    as_input: Callable[[Any], dict[str, Any]]
+    create: Callable[..., Any]  # (tenant=, spec=, actor=)
+    update: Callable[[Any, Any, str], Any]  # (row, spec, actor)
+    delete: Callable[[Any, str], None]  # (row, actor)
+
+
+_CHANNELS = _Kind(
+    model=AlertChannel,
+    input=AlertChannelInputSerializer,
+    output=AlertChannelSerializer,
+    access=lambda tenant, pk: configure.access_channel(tenant=tenant, channel_id=pk),
+    as_input=channel_as_input,
+    create=configure.channel_create,
+    update=lambda row, spec, actor: configure.channel_update(channel=row, spec=spec, actor=actor),
+    delete=lambda row, actor: configure.channel_delete(channel=row, actor=actor),
+)
+_RULES = _Kind(
+    model=AlertRule,
+    input=AlertRuleInputSerializer,
+    output=AlertRuleSerializer,
+    access=lambda tenant, pk: configure.access_rule(tenant=tenant, rule_id=pk),
+    as_input=rule_as_input,
+    create=configure.rule_create,
+    update=lambda row, spec, actor: configure.rule_update(rule=row, spec=spec, actor=actor),
+    delete=lambda row, actor: configure.rule_delete(rule=row, actor=actor),
+)
+
+
+def _list(request: Request, kind: _Kind) -> Response:
+    _no_query(request)
+    rows = kind.model.objects.filter(tenant=principal_of(request).tenant)
+    return Response(kind.output(rows, many=True).data)
+
+
+def _create(request: Request, kind: _Kind) -> Response:
+    """Validate and create, once per Idempotency-Key."""
+    principal = principal_of(request)
+
+    def make() -> tuple[int, Any]:
+        body = kind.input(data=request.data)
+        body.is_valid(raise_exception=True)
+        with _config_errors():
+            row = kind.create(tenant=principal.tenant, spec=body.to_spec(), actor=principal.actor)
+        return status.HTTP_201_CREATED, dict(kind.output(row).data)
+
+    return idempotent_post(request, make)
+
+
+def _detail(request: Request, kind: _Kind, pk: Any) -> Response:
+    row = kind.access(principal_of(request).tenant, pk)
+    _no_query(request)
+    return Response(kind.output(row).data)
+
+
+def _update(request: Request, kind: _Kind, pk: Any) -> Response:
+    """The given fields over the saved ones, the whole validated as on create."""
+    principal = principal_of(request)
+    row = kind.access(principal.tenant, pk)
+    body = kind.input(data={**kind.as_input(row), **_object_body(request)})
+    body.is_valid(raise_exception=True)
+    with _config_errors():
+        row = kind.update(row, body.to_spec(), principal.actor)
+    return Response(kind.output(row).data)
+
+
+def _delete(request: Request, kind: _Kind, pk: Any) -> Response:
+    principal = principal_of(request)
+    kind.delete(kind.access(principal.tenant, pk), principal.actor)
+    return Response(status=status.HTTP_204_NO_CONTENT)
 
 
 class AlertView(APIView):
@@ -116,9 +159,9 @@ class AlertView(APIView):
     def _guard(self, request: Request, kwargs: dict[str, Any]) -> None:
         tenant = principal_of(request).tenant
         if "channel_id" in kwargs:
-            access_channel(tenant=tenant, channel_id=kwargs["channel_id"])
+            configure.access_channel(tenant=tenant, channel_id=kwargs["channel_id"])
         if "rule_id" in kwargs:
-            access_rule(tenant=tenant, rule_id=kwargs["rule_id"])
+            configure.access_rule(tenant=tenant, rule_id=kwargs["rule_id"])
 
     def http_method_not_allowed(  # type: ignore[override]
         self, request: Request, *args: Any, **kwargs: Any
@@ -135,9 +178,7 @@ class AlertChannelListCreate(AlertView):
     @extend_schema(responses={200: AlertChannelSerializer(many=True), **_errors(400, *COMMON)})
     def get(self, request: Request) -> Response:
         """The tenant's alert channels by name (at most 50 per tenant: not paginated)."""
-        _no_query(request)
-        channels = AlertChannel.objects.filter(tenant=principal_of(request).tenant)
-        return Response(AlertChannelSerializer(channels, many=True).data)
+        return _list(request, _CHANNELS)
 
     @extend_schema(
         request=AlertChannelInputSerializer,
@@ -151,27 +192,14 @@ class AlertChannelListCreate(AlertView):
         `confirmation: pending`: a link is mailed to it, and nothing is recorded or sent for
         the channel until it is followed (the mail counts against
         `TICK_ALERT_CONFIRMATIONS_PER_HOUR`: 429 beyond)."""
-        principal = principal_of(request)
-
-        def make() -> tuple[int, Any]:
-            body = AlertChannelInputSerializer(data=request.data)
-            body.is_valid(raise_exception=True)
-            with _config_errors():
-                channel = channel_create(
-                    tenant=principal.tenant, spec=body.to_spec(), actor=principal.actor
-                )
-            return status.HTTP_201_CREATED, dict(AlertChannelSerializer(channel).data)
-
-        return _create(request, make)
+        return _create(request, _CHANNELS)
 
 
 class AlertChannelDetail(AlertView):
     @extend_schema(responses={200: AlertChannelSerializer, **_errors(404, *COMMON)})
     def get(self, request: Request, channel_id: Any) -> Response:
         """One alert channel of the tenant."""
-        channel = access_channel(tenant=principal_of(request).tenant, channel_id=channel_id)
-        _no_query(request)
-        return Response(AlertChannelSerializer(channel).data)
+        return _detail(request, _CHANNELS, channel_id)
 
     @extend_schema(
         request=AlertChannelInputSerializer(partial=True),
@@ -181,23 +209,12 @@ class AlertChannelDetail(AlertView):
         """The given fields replace the saved ones; the whole is validated as on create.
         `enabled: false` stops new alerts for the channel (its rules are kept). A new e-mail
         address is pending again until it follows the link mailed to it."""
-        principal = principal_of(request)
-        channel = access_channel(tenant=principal.tenant, channel_id=channel_id)
-        body = AlertChannelInputSerializer(
-            data={**channel_as_input(channel), **_object_body(request)}
-        )
-        body.is_valid(raise_exception=True)
-        with _config_errors():
-            channel = channel_update(channel=channel, spec=body.to_spec(), actor=principal.actor)
-        return Response(AlertChannelSerializer(channel).data)
+        return _update(request, _CHANNELS, channel_id)
 
     @extend_schema(responses={204: None, **_errors(404, *COMMON)})
     def delete(self, request: Request, channel_id: Any) -> Response:
         """Delete the channel with its rules, its pending alerts and its history."""
-        principal = principal_of(request)
-        channel = access_channel(tenant=principal.tenant, channel_id=channel_id)
-        channel_delete(channel=channel, actor=principal.actor)
-        return Response(status=status.HTTP_204_NO_CONTENT)
+        return _delete(request, _CHANNELS, channel_id)
 
 
 class AlertChannelTest(AlertView):
@@ -212,8 +229,8 @@ class AlertChannelTest(AlertView):
         and hour: 429 `rate_limited` with `Retry-After` beyond. An e-mail channel whose address
         has not confirmed it: 409 `channel_not_confirmed`."""
         principal = principal_of(request)
-        channel = access_channel(tenant=principal.tenant, channel_id=channel_id)
-        alert = send_test_alert(channel=channel, actor=principal.actor)
+        channel = configure.access_channel(tenant=principal.tenant, channel_id=channel_id)
+        alert = configure.send_test_alert(channel=channel, actor=principal.actor)
         return Response(
             {"alert_id": str(alert.id), "channel_id": str(channel.id)},
             status=status.HTTP_202_ACCEPTED,
@@ -232,7 +249,7 @@ class AlertChannelConfirmation(AlertView):
         changes included): 429 `rate_limited` with `Retry-After` beyond. A confirmed channel:
         409 `already_confirmed`."""
         principal = principal_of(request)
-        channel = access_channel(tenant=principal.tenant, channel_id=channel_id)
+        channel = configure.access_channel(tenant=principal.tenant, channel_id=channel_id)
         channel = confirmation_resend(channel=channel, actor=principal.actor)
         return Response(AlertChannelSerializer(channel).data, status=status.HTTP_202_ACCEPTED)
 
@@ -241,9 +258,7 @@ class AlertRuleListCreate(AlertView):
     @extend_schema(responses={200: AlertRuleSerializer(many=True), **_errors(400, *COMMON)})
     def get(self, request: Request) -> Response:
         """The tenant's alert rules by event (at most 500 per tenant: not paginated)."""
-        _no_query(request)
-        rules = AlertRule.objects.filter(tenant=principal_of(request).tenant)
-        return Response(AlertRuleSerializer(rules, many=True).data)
+        return _list(request, _RULES)
 
     @extend_schema(
         request=AlertRuleInputSerializer,
@@ -253,27 +268,14 @@ class AlertRuleListCreate(AlertView):
     def post(self, request: Request) -> Response:
         """Send one event to one channel, for every schedule or for one. `threshold_s` and
         `window_minutes` belong to lag rules only (start_lag, enqueue_lag)."""
-        principal = principal_of(request)
-
-        def make() -> tuple[int, Any]:
-            body = AlertRuleInputSerializer(data=request.data)
-            body.is_valid(raise_exception=True)
-            with _config_errors():
-                rule = rule_create(
-                    tenant=principal.tenant, spec=body.to_spec(), actor=principal.actor
-                )
-            return status.HTTP_201_CREATED, dict(AlertRuleSerializer(rule).data)
-
-        return _create(request, make)
+        return _create(request, _RULES)
 
 
 class AlertRuleDetail(AlertView):
     @extend_schema(responses={200: AlertRuleSerializer, **_errors(404, *COMMON)})
     def get(self, request: Request, rule_id: Any) -> Response:
         """One alert rule of the tenant."""
-        rule = access_rule(tenant=principal_of(request).tenant, rule_id=rule_id)
-        _no_query(request)
-        return Response(AlertRuleSerializer(rule).data)
+        return _detail(request, _RULES, rule_id)
 
     @extend_schema(
         request=AlertRuleInputSerializer(partial=True),
@@ -282,21 +284,12 @@ class AlertRuleDetail(AlertView):
     def patch(self, request: Request, rule_id: Any) -> Response:
         """The given fields replace the saved ones; the whole is validated as on create
         (turning a lag rule into another event needs `threshold_s` and `window_minutes` null)."""
-        principal = principal_of(request)
-        rule = access_rule(tenant=principal.tenant, rule_id=rule_id)
-        body = AlertRuleInputSerializer(data={**rule_as_input(rule), **_object_body(request)})
-        body.is_valid(raise_exception=True)
-        with _config_errors():
-            rule = rule_update(rule=rule, spec=body.to_spec(), actor=principal.actor)
-        return Response(AlertRuleSerializer(rule).data)
+        return _update(request, _RULES, rule_id)
 
     @extend_schema(responses={204: None, **_errors(404, *COMMON)})
     def delete(self, request: Request, rule_id: Any) -> Response:
         """Delete the rule with the alerts it recorded."""
-        principal = principal_of(request)
-        rule = access_rule(tenant=principal.tenant, rule_id=rule_id)
-        rule_delete(rule=rule, actor=principal.actor)
-        return Response(status=status.HTTP_204_NO_CONTENT)
+        return _delete(request, _RULES, rule_id)
 
 
 class AlertCursor(KeysetPagination):

@@ -30,8 +30,7 @@ from apps.occurrences.models import (
     AlertRule,
 )
 from apps.schedules.models import Schedule
-from apps.tenants.addresses import email_address_errors, hourly_budget_wait_s
-from apps.tenants.errors import MailRateLimited
+from apps.tenants.addresses import email_address_errors, refuse_over_hourly_budget
 from apps.tenants.models import Tenant, TenantEvent
 from apps.tenants.services import log_tenant_event
 from apps.tenants.text import CONTROL_CHARACTERS_MESSAGE, has_control_characters
@@ -120,11 +119,22 @@ def channel_create(*, tenant: Tenant, spec: ChannelSpec, actor: str) -> AlertCha
             tenant=tenant, name=spec.name.strip(), kind=spec.kind, target=spec.target,
             enabled=spec.enabled, confirmed_at=None if needs_confirmation(spec.kind) else now,
         )  # fmt: skip
-        log_tenant_event(tenant=tenant, kind=TenantEvent.Kind.ALERT_CHANNEL_CHANGED, actor=actor,
-                         action="created", channel=str(channel.id), name=channel.name)  # fmt: skip
+        _log_channel(channel, actor, "created")
         if needs_confirmation(channel.kind):
             confirmation_start(channel=channel, actor=actor, now=now)
     return channel
+
+
+def _log_channel(channel: AlertChannel, actor: str, action: str) -> None:
+    log_tenant_event(tenant=channel.tenant, kind=TenantEvent.Kind.ALERT_CHANNEL_CHANGED,
+                     actor=actor, action=action, channel=str(channel.id),
+                     name=channel.name)  # fmt: skip
+
+
+def _log_rule(rule: AlertRule, actor: str, action: str, **detail: Any) -> None:
+    log_tenant_event(tenant=rule.tenant, kind=TenantEvent.Kind.ALERT_RULE_CHANGED,
+                     actor=actor, action=action, rule=str(rule.id), event=rule.event,
+                     **detail)  # fmt: skip
 
 
 def channel_update(*, channel: AlertChannel, spec: ChannelSpec, actor: str) -> AlertChannel:
@@ -139,9 +149,7 @@ def channel_update(*, channel: AlertChannel, spec: ChannelSpec, actor: str) -> A
             channel.confirmed_at, channel.confirmation_token_hash = timezone.now(), ""
         channel.save(update_fields=["name", "kind", "target", "enabled", "confirmed_at",
                                     "confirmation_token_hash"])  # fmt: skip
-        log_tenant_event(tenant=channel.tenant, kind=TenantEvent.Kind.ALERT_CHANNEL_CHANGED,
-                         actor=actor, action="updated", channel=str(channel.id),
-                         name=channel.name)  # fmt: skip
+        _log_channel(channel, actor, "updated")
         if readdressed and needs_confirmation(channel.kind):
             confirmation_start(channel=channel, actor=actor, now=timezone.now())
     return channel
@@ -150,9 +158,7 @@ def channel_update(*, channel: AlertChannel, spec: ChannelSpec, actor: str) -> A
 def channel_delete(*, channel: AlertChannel, actor: str) -> None:
     """Delete the channel with its rules, pending alerts and history."""
     with transaction.atomic():
-        log_tenant_event(tenant=channel.tenant, kind=TenantEvent.Kind.ALERT_CHANNEL_CHANGED,
-                         actor=actor, action="deleted", channel=str(channel.id),
-                         name=channel.name)  # fmt: skip
+        _log_channel(channel, actor, "deleted")
         channel.delete()
 
 
@@ -191,9 +197,7 @@ def rule_create(*, tenant: Tenant, spec: RuleSpec, actor: str) -> AlertRule:
         if AlertRule.objects.filter(tenant=tenant).count() >= MAX_RULES_PER_TENANT:
             raise AlertConfigError({"event": [f"At most {MAX_RULES_PER_TENANT} rules."]})
         rule = AlertRule.objects.create(tenant=tenant, channel=channel, **_rule_fields(spec))
-        log_tenant_event(tenant=tenant, kind=TenantEvent.Kind.ALERT_RULE_CHANGED, actor=actor,
-                         action="created", rule=str(rule.id), event=rule.event,
-                         channel=str(channel.id))  # fmt: skip
+        _log_rule(rule, actor, "created", channel=str(channel.id))
     return rule
 
 
@@ -211,17 +215,13 @@ def rule_update(*, rule: AlertRule, spec: RuleSpec, actor: str) -> AlertRule:
             setattr(rule, name, value)
         rule.channel = channel
         rule.save()
-        log_tenant_event(tenant=rule.tenant, kind=TenantEvent.Kind.ALERT_RULE_CHANGED,
-                         actor=actor, action="updated", rule=str(rule.id), event=rule.event,
-                         channel=str(channel.id))  # fmt: skip
+        _log_rule(rule, actor, "updated", channel=str(channel.id))
     return rule
 
 
 def rule_delete(*, rule: AlertRule, actor: str) -> None:
     with transaction.atomic():
-        log_tenant_event(tenant=rule.tenant, kind=TenantEvent.Kind.ALERT_RULE_CHANGED,
-                         actor=actor, action="deleted", rule=str(rule.id),
-                         event=rule.event)  # fmt: skip
+        _log_rule(rule, actor, "deleted")
         rule.delete()
 
 
@@ -242,12 +242,9 @@ def send_test_alert(*, channel: AlertChannel, actor: str) -> Alert:
                 fired_at__gt=now - timedelta(hours=1),
             ).values_list("fired_at", flat=True)
         )  # fmt: skip
-        if (wait_s := hourly_budget_wait_s(fired_at, limit=limit, now=now)) is not None:
-            raise MailRateLimited(
-                f"This tenant requested {limit} test alerts in the last hour; try again in "
-                f"{wait_s} s.",
-                retry_after_s=wait_s,
-            )
+        refuse_over_hourly_budget(
+            fired_at, limit=limit, now=now, spent=f"requested {limit} test alerts"
+        )
         return Alert.objects.create(
             id=uuid.uuid4(), tenant_id=channel.tenant_id, rule=None, channel=channel,
             event=AlertEvent.TEST, subject=f"Test alert requested by {actor}",

@@ -29,7 +29,7 @@ from django.utils import timezone
 
 from apps.occurrences.models import AlertChannel
 from apps.tenants import rls
-from apps.tenants.addresses import hourly_budget_wait_s
+from apps.tenants.addresses import refuse_over_hourly_budget
 from apps.tenants.errors import MailRateLimited, RefusedRequest
 from apps.tenants.models import Tenant, TenantEvent
 from apps.tenants.services import log_tenant_event
@@ -40,18 +40,12 @@ RESEND_GAP_S = 60
 SENT_ACTION = "confirmation_sent"
 
 
-class AlreadyConfirmed(RefusedRequest):
+class AlreadyConfirmed(RefusedRequest, status=409, code="already_confirmed"):
     """The channel needs no confirmation (confirmed already, or a webhook)."""
 
-    status = 409
-    code = "already_confirmed"
 
-
-class NotConfirmed(RefusedRequest):
+class NotConfirmed(RefusedRequest, status=409, code="channel_not_confirmed"):
     """The e-mail channel's address has not confirmed it yet: nothing is sent to it."""
-
-    status = 409
-    code = "channel_not_confirmed"
 
 
 def _hash(secret: str) -> str:
@@ -70,12 +64,9 @@ def _refuse_over_budget(tenant_id: uuid.UUID, now: datetime) -> None:
             detail__action=SENT_ACTION, at__gt=now - timedelta(hours=1),
         ).values_list("at", flat=True)
     )  # fmt: skip
-    if (wait_s := hourly_budget_wait_s(sent_at, limit=limit, now=now)) is not None:
-        raise MailRateLimited(
-            f"This tenant sent {limit} channel confirmation mails in the last hour; try again "
-            f"in {wait_s} s.",
-            retry_after_s=wait_s,
-        )
+    refuse_over_hourly_budget(
+        sent_at, limit=limit, now=now, spent=f"sent {limit} channel confirmation mails"
+    )
 
 
 def confirmation_start(*, channel: AlertChannel, actor: str, now: datetime) -> None:

@@ -16,6 +16,7 @@ from apps.occurrences.alerts.configure import (
     ChannelSpec,
     RuleSpec,
 )
+from apps.occurrences.alerts.lag import DEFAULT_THRESHOLD_S, DEFAULT_WINDOW_MINUTES
 from apps.occurrences.models import RULE_EVENTS, AlertChannel
 from apps.schedules.models import Schedule
 from apps.tenants.models import Tenant
@@ -43,11 +44,14 @@ class AlertRuleForm(forms.Form):
     channel_id = forms.ChoiceField(label="Channel")
     schedule_id = forms.ChoiceField(label="Schedule", required=False)
     threshold_s = forms.IntegerField(
-        label="Threshold (s)", required=False, min_value=1, max_value=MAX_THRESHOLD_S
-    )
+        label="Threshold (s)", required=False, min_value=1, max_value=MAX_THRESHOLD_S,
+        help_text=f"Lag events only; blank = {DEFAULT_THRESHOLD_S} s.",
+    )  # fmt: skip
     window_minutes = forms.IntegerField(
-        label="Window (min)", required=False, min_value=1, max_value=MAX_WINDOW_MINUTES
-    )
+        label="Window (min)", required=False, min_value=1, max_value=MAX_WINDOW_MINUTES,
+        help_text="Lag events only: above the threshold in every one of these minutes; "
+        f"blank = {DEFAULT_WINDOW_MINUTES}.",
+    )  # fmt: skip
 
     def __init__(self, *args: Any, tenant: Tenant, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -6,7 +6,9 @@ only; every change is a POST that redirects back with a message."""
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from collections.abc import Callable
+from functools import wraps
+from typing import Any, TypeVar, cast
 
 from django.conf import settings
 from django.contrib import messages
@@ -40,9 +42,10 @@ from apps.occurrences.alerts.lag import DEFAULT_THRESHOLD_S, DEFAULT_WINDOW_MINU
 from apps.occurrences.models import LAG_EVENTS, AlertChannel, AlertRule
 from apps.tenants.errors import RefusedRequest
 from apps.tenants.page_lists import page_list
-from apps.tenants.web import actor_of, admin_only, tenant_page, tick_of
+from apps.tenants.web import View, actor_of, admin_only, tenant_page, tick_of
 
 HISTORY_PAGE_SIZE = 50
+Result = TypeVar("Result")
 
 
 def _page(
@@ -80,10 +83,52 @@ def alerts(request: HttpRequest) -> HttpResponse:
     return _page(request)
 
 
-@tenant_page
-@require_POST
+def _admin_change(view: View) -> View:
+    """A change on the Alerts page: signed in to a tenant, POST only, and admins only."""
+
+    @tenant_page
+    @require_POST
+    @wraps(view)
+    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        admin_only(request)
+        return view(request, *args, **kwargs)
+
+    return cast(View, wrapper)
+
+
+def _channel(request: HttpRequest, channel_id: uuid.UUID) -> AlertChannel:
+    return access_channel(tenant=tick_of(request).tenant, channel_id=channel_id)
+
+
+def _rule(request: HttpRequest, rule_id: uuid.UUID) -> AlertRule:
+    return access_rule(tenant=tick_of(request).tenant, rule_id=rule_id)
+
+
+def _done(request: HttpRequest, message: str) -> HttpResponse:
+    messages.success(request, message)
+    return redirect("alerts")
+
+
+def _attempt(
+    request: HttpRequest,
+    change: Callable[[], Result],
+    *,
+    refusal: type[Exception],
+    failed: str,
+    done: Callable[[Result], str],
+) -> HttpResponse:
+    """Run `change`, then back to the page with `done(result)`, or with `failed: why` when
+    the change raised `refusal` (nothing changed)."""
+    try:
+        result = change()
+    except refusal as exc:
+        messages.error(request, f"{failed}: {exc}")
+        return redirect("alerts")
+    return _done(request, done(result))
+
+
+@_admin_change
 def alert_channel_add(request: HttpRequest) -> HttpResponse:
-    admin_only(request)
     form = AlertChannelForm(request.POST)
     if form.is_valid():
         try:
@@ -101,69 +146,60 @@ def alert_channel_add(request: HttpRequest) -> HttpResponse:
                 if channel.confirmed_at is None
                 else ""
             )
-            messages.success(request, f"Channel “{channel.name}” added.{pending}")
-            return redirect("alerts")
+            return _done(request, f"Channel “{channel.name}” added.{pending}")
     return _page(request, channel_form=form, status=400)
 
 
-@tenant_page
-@require_POST
+@_admin_change
 def alert_channel_toggle(request: HttpRequest, channel_id: uuid.UUID) -> HttpResponse:
-    admin_only(request)
-    channel = access_channel(tenant=tick_of(request).tenant, channel_id=channel_id)
+    channel = _channel(request, channel_id)
     spec = ChannelSpec(
         name=channel.name, kind=channel.kind, target=channel.target, enabled=not channel.enabled
     )
-    try:
-        channel_update(channel=channel, spec=spec, actor=actor_of(request))
-    except AlertConfigError as exc:
-        messages.error(request, f"Channel “{channel.name}” not changed: {exc}")
-    else:
-        state = "enabled" if channel.enabled else "disabled: its rules record nothing"
-        messages.success(request, f"Channel “{channel.name}” {state}.")
-    return redirect("alerts")
-
-
-@tenant_page
-@require_POST
-def alert_channel_delete(request: HttpRequest, channel_id: uuid.UUID) -> HttpResponse:
-    admin_only(request)
-    channel = access_channel(tenant=tick_of(request).tenant, channel_id=channel_id)
-    channel_delete(channel=channel, actor=actor_of(request))
-    messages.success(request, f"Channel “{channel.name}” deleted, with its rules and history.")
-    return redirect("alerts")
-
-
-@tenant_page
-@require_POST
-def alert_channel_test(request: HttpRequest, channel_id: uuid.UUID) -> HttpResponse:
-    admin_only(request)
-    channel = access_channel(tenant=tick_of(request).tenant, channel_id=channel_id)
-    try:
-        alert = send_test_alert(channel=channel, actor=actor_of(request))
-    except RefusedRequest as refused:
-        messages.error(request, f"No test alert for “{channel.name}”: {refused.message}")
-        return redirect("alerts")
-    messages.success(
+    return _attempt(
         request,
-        f"Test alert {alert.id} recorded for “{channel.name}”: the reaper sends it on its next "
-        "pass. Its delivery state is in the history below.",
+        lambda: channel_update(channel=channel, spec=spec, actor=actor_of(request)),
+        refusal=AlertConfigError,
+        failed=f"Channel “{channel.name}” not changed",
+        done=lambda changed: (
+            f"Channel “{changed.name}” "
+            + ("enabled." if changed.enabled else "disabled: its rules record nothing.")
+        ),
     )
-    return redirect("alerts")
 
 
-@tenant_page
-@require_POST
+@_admin_change
+def alert_channel_delete(request: HttpRequest, channel_id: uuid.UUID) -> HttpResponse:
+    channel = _channel(request, channel_id)
+    channel_delete(channel=channel, actor=actor_of(request))
+    return _done(request, f"Channel “{channel.name}” deleted, with its rules and history.")
+
+
+@_admin_change
+def alert_channel_test(request: HttpRequest, channel_id: uuid.UUID) -> HttpResponse:
+    channel = _channel(request, channel_id)
+    return _attempt(
+        request,
+        lambda: send_test_alert(channel=channel, actor=actor_of(request)),
+        refusal=RefusedRequest,
+        failed=f"No test alert for “{channel.name}”",
+        done=lambda alert: (
+            f"Test alert {alert.id} recorded for “{channel.name}”: the reaper "
+            "sends it on its next pass. Its delivery state is in the history below."
+        ),
+    )
+
+
+@_admin_change
 def alert_channel_confirmation(request: HttpRequest, channel_id: uuid.UUID) -> HttpResponse:
-    admin_only(request)
-    channel = access_channel(tenant=tick_of(request).tenant, channel_id=channel_id)
-    try:
-        confirmation_resend(channel=channel, actor=actor_of(request))
-    except RefusedRequest as refused:
-        messages.error(request, f"No confirmation mail for “{channel.name}”: {refused.message}")
-    else:
-        messages.success(request, f"A new confirmation link was mailed to {channel.target}.")
-    return redirect("alerts")
+    channel = _channel(request, channel_id)
+    return _attempt(
+        request,
+        lambda: confirmation_resend(channel=channel, actor=actor_of(request)),
+        refusal=RefusedRequest,
+        failed=f"No confirmation mail for “{channel.name}”",
+        done=lambda _: f"A new confirmation link was mailed to {channel.target}.",
+    )
 
 
 def alert_channel_confirm(request: HttpRequest, token: str) -> HttpResponse:
@@ -182,10 +218,8 @@ def alert_channel_confirm(request: HttpRequest, token: str) -> HttpResponse:
     return render(request, "tick/alert_channel_confirm.html", {"link": link})
 
 
-@tenant_page
-@require_POST
+@_admin_change
 def alert_rule_add(request: HttpRequest) -> HttpResponse:
-    admin_only(request)
     tenant = tick_of(request).tenant
     form = AlertRuleForm(request.POST, tenant=tenant)
     if form.is_valid():
@@ -194,38 +228,34 @@ def alert_rule_add(request: HttpRequest) -> HttpResponse:
         except AlertConfigError as exc:
             show_config_errors(form, exc)
         else:
-            messages.success(
+            return _done(
                 request, f"Rule added: {rule.get_event_display()} → “{rule.channel.name}”."
             )
-            return redirect("alerts")
     return _page(request, rule_form=form, status=400)
 
 
-@tenant_page
-@require_POST
+@_admin_change
 def alert_rule_toggle(request: HttpRequest, rule_id: uuid.UUID) -> HttpResponse:
-    admin_only(request)
-    rule = access_rule(tenant=tick_of(request).tenant, rule_id=rule_id)
+    rule = _rule(request, rule_id)
     spec = RuleSpec(
         channel_id=rule.channel_id, event=rule.event, schedule_id=rule.schedule_id,
         threshold_s=rule.threshold_s, window_minutes=rule.window_minutes,
         enabled=not rule.enabled,
     )  # fmt: skip
-    try:
-        rule_update(rule=rule, spec=spec, actor=actor_of(request))
-    except AlertConfigError as exc:
-        messages.error(request, f"Rule not changed: {exc}")
-    else:
-        state = "enabled" if rule.enabled else "disabled"
-        messages.success(request, f"Rule {rule.get_event_display()} {state}.")
-    return redirect("alerts")
+    return _attempt(
+        request,
+        lambda: rule_update(rule=rule, spec=spec, actor=actor_of(request)),
+        refusal=AlertConfigError,
+        failed="Rule not changed",
+        done=lambda changed: (
+            f"Rule {changed.get_event_display()} "
+            + ("enabled." if changed.enabled else "disabled.")
+        ),
+    )
 
 
-@tenant_page
-@require_POST
+@_admin_change
 def alert_rule_delete(request: HttpRequest, rule_id: uuid.UUID) -> HttpResponse:
-    admin_only(request)
-    rule = access_rule(tenant=tick_of(request).tenant, rule_id=rule_id)
+    rule = _rule(request, rule_id)
     rule_delete(rule=rule, actor=actor_of(request))
-    messages.success(request, f"Rule {rule.get_event_display()} deleted.")
-    return redirect("alerts")
+    return _done(request, f"Rule {rule.get_event_display()} deleted.")

@@ -204,21 +204,16 @@ class _WatchedHTTPConnection(HTTPConnection):
         self._egress_deadline = egress_deadline
 
     def _new_conn(self) -> socket.socket:
+        # For HTTPS this runs before the TLS handshake, which a hostile receiver can stretch
+        # as well: the socket is watched from its connect on.
         sock = super()._new_conn()
         self._egress_deadline.watch(sock)
         return sock
 
 
-class _WatchedHTTPSConnection(HTTPSConnection):
-    def __init__(self, *args: Any, egress_deadline: CallDeadline, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._egress_deadline = egress_deadline
-
-    def _new_conn(self) -> socket.socket:
-        # Watched before the TLS handshake, which a hostile receiver can stretch as well.
-        sock = super()._new_conn()
-        self._egress_deadline.watch(sock)
-        return sock
+class _WatchedHTTPSConnection(_WatchedHTTPConnection, HTTPSConnection):
+    """HTTPS with the same watch: `_WatchedHTTPConnection` comes first in the lookup, so its
+    `__init__` and `_new_conn` wrap HTTPSConnection's."""
 
 
 def _pool(resolved: ResolvedTarget, deadline: CallDeadline) -> urllib3.HTTPConnectionPool:

@@ -379,7 +379,10 @@ def judge_late_rows(
     Retry-lane rows carry work that already started or was delayed on purpose: the claim
     judges those."""
     now = timezone.now()
-    late = [r for r in rows if r.lane != Lane.RETRY and r.scheduled_for < now - RELAY_JUDGE_FLOOR]
+    # Lateness counts from the row's due time, `available_at`, as in the judge's own query: a
+    # flexible row is due up to its window after its instant, and asking about every one read
+    # on time cost a join per batch that found nothing (docs/decisions.md "The due cursor").
+    late = [r for r in rows if r.lane != Lane.RETRY and r.available_at < now - RELAY_JUDGE_FLOOR]
     if not late:
         return rows
     verdicts = misfire_judge(

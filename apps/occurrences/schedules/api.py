@@ -19,7 +19,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from apps.core.openapi import BODY, COMMON, IDEMPOTENCY_KEY, error_table
+from apps.core.openapi import BODY, COMMON, IDEMPOTENCY_KEY, done_or_accepted, error_table
 from apps.core.pagination import KeysetPagination, unknown_query_params
 from apps.occurrences.manual_runs import schedule_backfill, schedule_run_now
 from apps.occurrences.schedule_changes import (
@@ -46,12 +46,7 @@ from apps.occurrences.schedules.serializers import (
 from apps.schedules.selectors import access_schedule, schedules_filtered
 from apps.schedules.services import schedule_create, schedule_preview, schedule_preview_saved
 from apps.tenants.authentication import principal_of
-from apps.tenants.services import (
-    IdempotentResponse,
-    idempotency_lookup,
-    idempotency_request_hash,
-    idempotent_call,
-)
+from apps.tenants.idempotency import idempotent_post
 
 _errors = error_table(
     {
@@ -114,11 +109,6 @@ def _lifecycle_change(
     return _lifecycle_response(change(schedule=schedule, actor=principal.actor))
 
 
-def _idempotent_response(result: IdempotentResponse) -> Response:
-    headers = {"Idempotent-Replayed": "true"} if result.replayed else None
-    return Response(result.body, status=result.status, headers=headers)
-
-
 class ScheduleListCreate(TenantView):
     pagination_class = ScheduleCursor
 
@@ -146,8 +136,8 @@ class ScheduleListCreate(TenantView):
         """Create a schedule. Quotas: active schedules (409 `quota_exceeded`) and the
         minimum interval between a rule's fires (400 `rule_too_frequent`)."""
         principal = principal_of(request)
-        key = request.headers.get("Idempotency-Key")
-        if key is None:
+
+        def create() -> tuple[int, Any]:
             serializer = ScheduleCreateSerializer(
                 data=request.data, context={"tenant": principal.tenant}
             )
@@ -155,35 +145,9 @@ class ScheduleListCreate(TenantView):
             schedule = schedule_create(
                 tenant=principal.tenant, spec=serializer.to_spec(), actor=principal.actor
             )
-            return Response(ScheduleSerializer(schedule).data, status=status.HTTP_201_CREATED)
-
-        if not (1 <= len(key) <= 255 and key.isascii() and key.isprintable()):
-            raise serializers.ValidationError(
-                {"Idempotency-Key": ["Use 1 to 255 printable ASCII characters."]}
-            )
-        request_hash = idempotency_request_hash(
-            method=request.method or "POST", path=request.path, data=request.data
-        )
-        stored = idempotency_lookup(
-            tenant=principal.tenant, key=key, request_hash=request_hash, now=timezone.now()
-        )
-        if stored is not None:
-            return _idempotent_response(stored)
-        serializer = ScheduleCreateSerializer(
-            data=request.data, context={"tenant": principal.tenant}
-        )
-        serializer.is_valid(raise_exception=True)
-        spec = serializer.to_spec()
-
-        def create() -> tuple[int, Any]:
-            schedule = schedule_create(tenant=principal.tenant, spec=spec, actor=principal.actor)
             return status.HTTP_201_CREATED, dict(ScheduleSerializer(schedule).data)
 
-        return _idempotent_response(
-            idempotent_call(
-                tenant=principal.tenant, key=key, request_hash=request_hash, call=create
-            )
-        )
+        return idempotent_post(request, create)
 
 
 class ScheduleDetail(TenantView):
@@ -303,8 +267,7 @@ class ScheduleBackfill(TenantView):
     @extend_schema(
         request=BackfillRequestSerializer,
         responses={
-            200: BackfillResponseSerializer,
-            202: BackfillResponseSerializer,
+            **done_or_accepted(BackfillResponseSerializer, BackfillResponseSerializer),
             **_errors(*BODY, 404, 409, *COMMON),
         },
     )

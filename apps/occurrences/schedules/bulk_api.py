@@ -8,26 +8,20 @@ from collections.abc import Mapping
 from typing import Any
 
 from django.http import Http404
-from django.utils import timezone
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from apps.core.openapi import COMMON, error_table
+from apps.core.openapi import COMMON, done_or_accepted, error_table
 from apps.occurrences.bulk_changes import REFUSALS_KEPT, bulk_dry_run, bulk_start
 from apps.occurrences.models import BulkChange
 from apps.occurrences.schedules.serializers import ScheduleListQuerySerializer
 from apps.schedules.selectors import schedules_for
 from apps.tenants.authentication import principal_of
+from apps.tenants.idempotency import IdempotentPost
 from apps.tenants.models import Tenant
-from apps.tenants.services import (
-    IdempotentResponse,
-    idempotency_lookup,
-    idempotency_request_hash,
-    idempotent_call,
-)
 
 MAX_IDS = 1000
 
@@ -141,19 +135,13 @@ class BulkChangeSerializer(serializers.ModelSerializer[BulkChange]):
         return obj.changed + obj.already + obj.refused
 
 
-def _replay(result: IdempotentResponse) -> Response:
-    headers = {"Idempotent-Replayed": "true"} if result.replayed else None
-    return Response(result.body, status=result.status, headers=headers)
-
-
 class ScheduleBulk(APIView):
     @extend_schema(
         request=BulkRequestSerializer,
         responses={
-            200: DryRunSerializer,
-            202: BulkChangeSerializer,
+            **done_or_accepted(DryRunSerializer, BulkChangeSerializer),
             **_errors(400, 401, 403, 404, 409, 429),
-        },  # fmt: skip
+        },
     )
     def post(self, request: Request) -> Response:
         """Pause, resume, cancel or run now every schedule of `ids` or `filter`. Each
@@ -163,20 +151,9 @@ class ScheduleBulk(APIView):
         `Idempotency-Key`, a retry answers the first bulk change (header
         `Idempotent-Replayed: true`) and starts nothing."""
         principal = principal_of(request)
-        key = request.headers.get("Idempotency-Key")
-        request_hash = idempotency_request_hash(
-            method=request.method or "POST", path=request.path, data=request.data
-        )
-        if key is not None:
-            if not (1 <= len(key) <= 255 and key.isascii() and key.isprintable()):
-                raise serializers.ValidationError(
-                    {"Idempotency-Key": ["Use 1 to 255 printable ASCII characters."]}
-                )
-            stored = idempotency_lookup(
-                tenant=principal.tenant, key=key, request_hash=request_hash, now=timezone.now()
-            )
-            if stored is not None:
-                return _replay(stored)
+        post = IdempotentPost(request)
+        if (replayed := post.replay()) is not None:
+            return replayed
         body = BulkRequestSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         verb = body.validated_data["action"]
@@ -191,12 +168,7 @@ class ScheduleBulk(APIView):
             )
             return status.HTTP_202_ACCEPTED, dict(BulkChangeSerializer(job).data)
 
-        if key is None:
-            code, data = start()
-            return Response(data, status=code)
-        return _replay(
-            idempotent_call(tenant=principal.tenant, key=key, request_hash=request_hash, call=start)
-        )
+        return post.run(start)
 
 
 class ScheduleBulkDetail(APIView):

@@ -482,20 +482,34 @@ def _run_receipt_shown(request: HttpRequest, schedule: Schedule) -> RunNowReceip
     )  # fmt: skip
 
 
+def _backfill_request(
+    request: HttpRequest, schedule_id: str
+) -> tuple[Schedule, dict[str, Any] | None, dict[str, Any]]:
+    """The schedule (the tenant door, then the admin role) and the dialog's fields."""
+    schedule = access_schedule(tenant=tick_of(request).tenant, schedule_id=schedule_id)
+    admin_only(request)
+    args, errors = _backfill_args(request)
+    return schedule, args, errors
+
+
+def _backfill(
+    request: HttpRequest, schedule: Schedule, args: dict[str, Any], *, dry_run: bool
+) -> BackfillReceipt:
+    return schedule_backfill(
+        schedule=schedule, actor=actor_of(request), start=args["from"], end=args["to"],
+        only=args["only"], dry_run=dry_run,
+    )  # fmt: skip
+
+
 @tenant_page
 @require_POST
 def schedule_backfill_preview_view(request: HttpRequest, schedule_id: str) -> HttpResponse:
     """The dialog's preview (htmx): the backfill's dry run, nothing written."""
-    schedule = access_schedule(tenant=tick_of(request).tenant, schedule_id=schedule_id)
-    admin_only(request)
-    args, errors = _backfill_args(request)
+    schedule, args, errors = _backfill_request(request, schedule_id)
     receipt = None
     if args is not None:
         try:
-            receipt = schedule_backfill(
-                schedule=schedule, actor=actor_of(request), start=args["from"], end=args["to"],
-                only=args["only"], dry_run=True,
-            )  # fmt: skip
+            receipt = _backfill(request, schedule, args, dry_run=True)
         except LifecycleError as err:
             errors = {err.field or "non_field_errors": [err.message]}
     return render(request, "tick/_backfill_preview.html", {
@@ -506,16 +520,11 @@ def schedule_backfill_preview_view(request: HttpRequest, schedule_id: str) -> Ht
 @tenant_page
 @require_POST
 def schedule_backfill_view(request: HttpRequest, schedule_id: str) -> HttpResponse:
-    schedule = access_schedule(tenant=tick_of(request).tenant, schedule_id=schedule_id)
-    admin_only(request)
-    args, errors = _backfill_args(request)
+    schedule, args, errors = _backfill_request(request, schedule_id)
     try:
         if args is None:
             raise LifecycleError(" ".join(f"{k}: {' '.join(v)}" for k, v in errors.items()))
-        receipt = schedule_backfill(
-            schedule=schedule, actor=actor_of(request), start=args["from"], end=args["to"],
-            only=args["only"],
-        )  # fmt: skip
+        receipt = _backfill(request, schedule, args, dry_run=False)
     except LifecycleError as err:
         messages.error(request, f"Backfill refused: {err.message}")
         return _detail(request, schedule, status=err.status)

@@ -150,6 +150,13 @@ class _Specials:
     nth: set[tuple[int, int]] = _field_default(default_factory=set)
 
 
+def _within(spec: _FieldSpec, element: str, value: int, low: int, high: int, rule: str) -> int:
+    """`value` when in `low`-`high`, else the element's error with `rule` in words."""
+    if not low <= value <= high:
+        raise TimeRuleError("expression", f"'{element}' in the {spec.name} field: {rule}")
+    return value
+
+
 def _dom_special(spec: _FieldSpec, element: str, into: _Specials) -> bool:
     """Read 'L', 'L-n', 'LW' or 'nW' into ``into``; False if the element is none of them."""
     upper = element.upper()
@@ -158,24 +165,19 @@ def _dom_special(spec: _FieldSpec, element: str, into: _Specials) -> bool:
         return True
     m = _DOM_LAST_RE.fullmatch(upper)
     if m is not None:
-        offset = int(m.group("offset") or 0)
-        if not (m.group("offset") is None or 1 <= offset <= 30):
-            raise TimeRuleError(
-                "expression",
-                f"'{element}' in the {spec.name} field: L-n counts n = 1-30 days back from "
-                f"the last day of the month (L-1 is the day before the last).",
-            )
+        offset = 0
+        if m.group("offset") is not None:
+            offset = _within(spec, element, int(m.group("offset")), 1, 30, (
+                "L-n counts n = 1-30 days back from the last day of the month (L-1 is the day "
+                "before the last)."
+            ))  # fmt: skip
         into.last.add(offset)
         return True
     m = _DOM_NEAREST_RE.fullmatch(upper)
     if m is not None:
-        day = int(m.group("day"))
-        if not 1 <= day <= 31:
-            raise TimeRuleError(
-                "expression",
-                f"'{element}' in the {spec.name} field: the day of nW must be 1-31 "
-                f"(e.g. 15W, the weekday nearest the 15th).",
-            )
+        day = _within(spec, element, int(m.group("day")), 1, 31, (
+            "the day of nW must be 1-31 (e.g. 15W, the weekday nearest the 15th)."
+        ))  # fmt: skip
         into.nearest.add(day)
         return True
     return False
@@ -193,13 +195,10 @@ def _dow_special(spec: _FieldSpec, element: str, into: _Specials) -> bool:
     m = _DOW_NTH_RE.fullmatch(upper)
     if m is not None:
         day = _field_value(spec, m.group("day")) % 7
-        nth = int(m.group("nth"))
-        if not 1 <= nth <= 5:
-            raise TimeRuleError(
-                "expression",
-                f"'{element}' in the {spec.name} field: the n of d#n must be 1-5 (a month has "
-                f"at most five of a weekday; e.g. FRI#3 is the third Friday).",
-            )
+        nth = _within(spec, element, int(m.group("nth")), 1, 5, (
+            "the n of d#n must be 1-5 (a month has at most five of a weekday; e.g. FRI#3 is "
+            "the third Friday)."
+        ))  # fmt: skip
         into.nth.add((day, nth))
         return True
     m = _DOW_LAST_RE.fullmatch(upper)

@@ -9,7 +9,7 @@ import bisect
 from collections import deque
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from typing import Final, NamedTuple
+from typing import Final, NamedTuple, TypedDict, Unpack
 from zoneinfo import ZoneInfo
 
 from apps.schedules.timerules.base import (
@@ -228,16 +228,31 @@ def _collect(
         cursor = out[-1]
 
 
+class FireOptions(TypedDict, total=False):
+    """The keyword options of `next_fire_times`, `next_fire_time` and `preview`, one
+    declaration for all three; left out: `dst_gap` skip, `dst_fold` first, no bounds."""
+
+    dst_gap: str
+    dst_fold: str
+    start_at: datetime | None
+    end_at: datetime | None
+
+
+def _options_query(expression: str, time_zone: str, options: FireOptions) -> _Query:
+    return _query(
+        expression,
+        time_zone,
+        options.get("dst_gap", DstGap.SKIP),
+        options.get("dst_fold", DstFold.FIRST),
+    )
+
+
+def _options_window(after: datetime, options: FireOptions) -> tuple[datetime, datetime | None]:
+    return _window(after, options.get("start_at"), options.get("end_at"))
+
+
 def next_fire_times(
-    expression: str,
-    time_zone: str,
-    after: datetime,
-    count: int,
-    *,
-    dst_gap: str = DstGap.SKIP,
-    dst_fold: str = DstFold.FIRST,
-    start_at: datetime | None = None,
-    end_at: datetime | None = None,
+    expression: str, time_zone: str, after: datetime, count: int, **options: Unpack[FireOptions]
 ) -> list[datetime]:
     """The next ``count`` fire instants strictly after ``after``: aware UTC, ascending.
 
@@ -245,24 +260,17 @@ def next_fire_times(
     (or before ``end_at``). ``start_at``/``end_at`` bound the result to ``[start_at, end_at)``.
     Not memoised (see ``NextFireCache`` for the materializer's path).
     """
-    query = _query(expression, time_zone, dst_gap, dst_fold)
+    query = _options_query(expression, time_zone, options)
     count = _check_count(count)
-    low, end = _window(after, start_at, end_at)
+    low, end = _options_window(after, options)
     return _collect(query, low, count, None, end, False)
 
 
 def next_fire_time(
-    expression: str,
-    time_zone: str,
-    after: datetime,
-    *,
-    dst_gap: str = DstGap.SKIP,
-    dst_fold: str = DstFold.FIRST,
-    start_at: datetime | None = None,
-    end_at: datetime | None = None,
+    expression: str, time_zone: str, after: datetime, **options: Unpack[FireOptions]
 ) -> datetime | None:
     """The next fire instant strictly after ``after`` (aware UTC), or None within the horizon."""
-    query = _query(expression, time_zone, dst_gap, dst_fold)
-    low, end = _window(after, start_at, end_at)
+    query = _options_query(expression, time_zone, options)
+    low, end = _options_window(after, options)
     found = _collect(query, low, 1, None, end, False)
     return found[0] if found else None

@@ -7,24 +7,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Unpack
 from zoneinfo import ZoneInfo
 
-from apps.schedules.timerules.base import DstFold, DstGap, TimeRuleError, instant_text
+from apps.schedules.timerules.base import TimeRuleError, instant_text
 from apps.schedules.timerules.engine import (
     _FOLD_FIRST,
     _FOLD_SECOND,
     _ONE_SECOND,
     _SHIFTED,
     _SKIPPED,
+    FireOptions,
     _check_count,
     _collect,
     _Event,
     _events,
     _local_naive,
+    _options_query,
+    _options_window,
     _Query,
-    _query,
     _transition,
-    _window,
 )
 from apps.schedules.timerules.zones import get_zone
 
@@ -123,23 +125,15 @@ def _gap_note(walls: list[datetime], query: _Query, moment: datetime, shift: boo
 
 
 def preview(
-    expression: str,
-    time_zone: str,
-    after: datetime,
-    count: int,
-    *,
-    dst_gap: str = DstGap.SKIP,
-    dst_fold: str = DstFold.FIRST,
-    start_at: datetime | None = None,
-    end_at: datetime | None = None,
+    expression: str, time_zone: str, after: datetime, count: int, **options: Unpack[FireOptions]
 ) -> list[PreviewEntry]:
     """The next ``count`` fire instants with local time, offset and DST notes.
 
     The instants are exactly those of ``next_fire_times`` with the same arguments.
     """
-    query = _query(expression, time_zone, dst_gap, dst_fold)
+    query = _options_query(expression, time_zone, options)
     count = _check_count(count)
-    low, end = _window(after, start_at, end_at)
+    low, end = _options_window(after, options)
     times = _collect(query, low, count, None, end, False)
     if not times:
         return []

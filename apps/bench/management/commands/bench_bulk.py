@@ -29,6 +29,11 @@ class Command(BaseCommand):
             "--until-delivered", action="store_true",
             help="measure the bulk until the burst is delivered, then stop it (rate only)",
         )  # fmt: skip
+        parser.add_argument(
+            "--bulk-before", dest="bulk_before_s", type=float, default=None,
+            help="start the bulk this many seconds before the instant (default: with the "
+            "pipeline, --lead before it)",
+        )  # fmt: skip
         parser.add_argument("--json", action="store_true", help="only the JSON line")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -37,7 +42,7 @@ class Command(BaseCommand):
             schedules=options["schedules"], burst_schedules=options["burst_schedules"],
             alone_schedules=options["alone_schedules"], burst_tenants=options["burst_tenants"],
             lead_s=options["lead_s"], timeout_s=options["timeout_s"],
-            finish=not options["until_delivered"],
+            finish=not options["until_delivered"], bulk_before_s=options["bulk_before_s"],
             log=None if quiet else self.stdout.write,
         )  # fmt: skip
         if not quiet:

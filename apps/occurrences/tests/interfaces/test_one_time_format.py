@@ -30,7 +30,7 @@ from apps.tenants.models import Membership
 from apps.tenants.services import api_key_create
 from apps.tenants.signing import signing_secret_rotate
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.clock_edge]
 
 # Anything that reads as a date with a time of day, with whatever follows it.
 _DATE_TIME = re.compile(

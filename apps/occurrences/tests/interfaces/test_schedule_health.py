@@ -25,7 +25,7 @@ from apps.occurrences.schedule_health import (
 from apps.occurrences.tests.support.rows import occurrence, schedule
 from apps.schedules.models import Schedule
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.clock_edge]
 
 NOW = datetime(2026, 12, 3, 9, 30, 20, tzinfo=UTC)
 

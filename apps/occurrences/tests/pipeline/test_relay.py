@@ -8,6 +8,8 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from apps.occurrences.models import DispatchOutbox, Occurrence, ShardLease
@@ -281,3 +283,18 @@ def test_a_failed_publish_backs_off_before_the_next_try(tenant_a, queue_prefix, 
     assert row.publish_attempts == 1 and row.parked_at is None
     assert "unroutable" in row.last_error
     assert row.available_at > timezone.now()
+
+
+def test_a_flexible_row_read_at_its_available_at_asks_the_misfire_judge_nothing():
+    # Its instant is two minutes old, but it is due only now (its place in the window).
+    now = timezone.now()
+    row = OutboxRow(
+        1, str(uuid.uuid4()), now - timedelta(minutes=2), str(uuid.uuid4()), 1,
+        str(uuid.uuid4()), "flexible", now, 0,
+    )  # fmt: skip
+
+    with CaptureQueriesContext(connection) as queries, connection.cursor() as cursor:
+        kept = relay.judge_late_rows(cursor, [row], relay.RelayResult())
+
+    assert kept == [row]
+    assert len(queries) == 0
