@@ -10,6 +10,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from cryptography.fernet import Fernet
@@ -96,27 +97,130 @@ NOT_NEGATIVE = (
 Apps = Sequence[AppConfig] | None
 
 
+@dataclass(frozen=True)
+class Rule:
+    """A relation the code relies on between settings: `holds` reads them (from
+    `django.conf.settings`); otherwise the check reports `message`, in which `{s.NAME}` is the
+    setting's value, with `hint`."""
+
+    id: str
+    holds: Callable[[Any], bool]
+    message: str
+    hint: str
+    level: Callable[..., CheckMessage] = checks.Error
+
+
+def broken(rules: Sequence[Rule]) -> list[CheckMessage]:
+    """A message for each rule the current settings break, in the rules' order."""
+    return [
+        rule.level(rule.message.format(s=settings), hint=rule.hint, id=rule.id)
+        for rule in rules
+        if not rule.holds(settings)
+    ]
+
+
+# Stored instants, partition days and retry budgets are all UTC.
+UTC_RULES = (
+    Rule(
+        "tick.E001",
+        lambda s: s.TIME_ZONE == "UTC",
+        "TIME_ZONE is {s.TIME_ZONE!r}; Tick runs in UTC.",
+        'Set TIME_ZONE = "UTC"; schedules carry their own time zone.',
+    ),
+    Rule(
+        "tick.E002",
+        lambda s: s.USE_TZ,
+        "USE_TZ is off; Tick compares and stores aware datetimes only.",
+        "Set USE_TZ = True.",
+    ),
+)
+
+PIPELINE_WINDOW_RULES = (
+    Rule(
+        "tick.E006",
+        lambda s: s.TICK_PLANNING_WINDOW_S * 1000 > s.TICK_RELAY_LOOKAHEAD_MS,
+        "TICK_PLANNING_WINDOW_S ({s.TICK_PLANNING_WINDOW_S} s) is not greater than "
+        "TICK_RELAY_LOOKAHEAD_MS ({s.TICK_RELAY_LOOKAHEAD_MS} ms): the relay would look further "
+        "ahead than the materializer has written, so bursts are not read before their instant.",
+        "Raise TICK_PLANNING_WINDOW_S or lower TICK_RELAY_LOOKAHEAD_MS.",
+    ),
+    Rule(
+        "tick.E007",
+        lambda s: s.TICK_PLANNING_WINDOW_S > s.TICK_LEASE_TTL_S,
+        "TICK_PLANNING_WINDOW_S ({s.TICK_PLANNING_WINDOW_S} s) is not greater than "
+        "TICK_LEASE_TTL_S ({s.TICK_LEASE_TTL_S} s): occurrences due while a dead "
+        "materializer's shard leases expire would be written late.",
+        "Keep the planning window well above the shard lease TTL.",
+    ),
+    Rule(
+        "tick.E008",
+        lambda s: s.TICK_RETENTION_DAYS * 86_400 >= s.TICK_RETRY_DEADLINE_S,
+        "TICK_RETENTION_DAYS ({s.TICK_RETENTION_DAYS}) is shorter than TICK_RETRY_DEADLINE_S "
+        "({s.TICK_RETRY_DEADLINE_S} s): partitions would be dropped while their occurrences "
+        "can still be retried.",
+        "Raise TICK_RETENTION_DAYS or lower TICK_RETRY_DEADLINE_S.",
+    ),
+)
+
+# The relay renews its shard leases between steps, and one step may wait for its instant up
+# to the look-ahead: a shorter lease expires mid-step, another relay takes the shards, and
+# their rows are published twice (same ids: duplicates, never losses).
+LEASE_TTL_RULES = (
+    Rule(
+        "tick.W003",
+        lambda s: s.TICK_LEASE_TTL_S * 1000 > s.TICK_RELAY_LOOKAHEAD_MS + 1000,
+        "TICK_LEASE_TTL_S ({s.TICK_LEASE_TTL_S} s) is not above TICK_RELAY_LOOKAHEAD_MS "
+        "({s.TICK_RELAY_LOOKAHEAD_MS} ms) + 1 s: a relay step waiting for its instant "
+        "outlives its shard leases, and another relay publishes the same rows again.",
+        "Keep the lease TTL well above the look-ahead (defaults: 15 s and 5 s).",
+        checks.Warning,
+    ),
+)
+
+# The tenant share of worker slots and the worker presence it is counted over.
+FAIR_SHARE_RULES = (
+    Rule(
+        "tick.E011",
+        lambda s: 0 < s.TICK_TENANT_SLOT_SHARE <= 1,
+        "TICK_TENANT_SLOT_SHARE is {s.TICK_TENANT_SLOT_SHARE}; it must be greater than 0 and "
+        "at most 1 (a fraction of the live worker slots one tenant may hold).",
+        "Set TICK_TENANT_SLOT_SHARE to e.g. 0.5; 1 lets one tenant take every slot.",
+    ),
+    Rule(
+        "tick.E017",
+        lambda s: 0 <= s.TICK_STRICT_RESERVED_SHARE < 1,
+        "TICK_STRICT_RESERVED_SHARE is {s.TICK_STRICT_RESERVED_SHARE}; it must be at least 0 "
+        "and below 1 (a fraction of the live worker slots kept from recovery work).",
+        "Set TICK_STRICT_RESERVED_SHARE to e.g. 0.5; 0 reserves nothing.",
+    ),
+    Rule(
+        "tick.E012",
+        lambda s: s.TICK_WORKER_PRESENCE_INTERVAL_S < s.TICK_WORKER_PRESENCE_TTL_S,
+        "TICK_WORKER_PRESENCE_INTERVAL_S ({s.TICK_WORKER_PRESENCE_INTERVAL_S} s) is not below "
+        "TICK_WORKER_PRESENCE_TTL_S ({s.TICK_WORKER_PRESENCE_TTL_S} s): live workers would "
+        "drop out of the capacity between their beats, and tenants' shares would shrink or "
+        "vanish.",
+        "Keep the TTL at two or three beat intervals or more.",
+    ),
+)
+
+# The reconcile audit's ENQUEUED bound counts a retry's backoff (docs/decisions.md).
+AUDIT_BOUND_RULES = (
+    Rule(
+        "tick.W001",
+        lambda s: s.TICK_AUDIT_ENQUEUED_BOUND_S > s.TICK_RETRY_CAP_S,
+        "TICK_AUDIT_ENQUEUED_BOUND_S ({s.TICK_AUDIT_ENQUEUED_BOUND_S} s) is not greater than "
+        "TICK_RETRY_CAP_S ({s.TICK_RETRY_CAP_S} s): `reconcile` would report retries still "
+        "waiting out their backoff as stuck.",
+        "Raise TICK_AUDIT_ENQUEUED_BOUND_S above the retry cap plus a queue wait.",
+        checks.Warning,
+    ),
+)
+
+
 @checks.register()
 def check_utc(app_configs: Apps = None, **kwargs: Any) -> list[CheckMessage]:
-    """Stored instants, partition days and retry budgets are all UTC."""
-    errors: list[CheckMessage] = []
-    if settings.TIME_ZONE != "UTC":
-        errors.append(
-            checks.Error(
-                f"TIME_ZONE is {settings.TIME_ZONE!r}; Tick runs in UTC.",
-                hint='Set TIME_ZONE = "UTC"; schedules carry their own time zone.',
-                id="tick.E001",
-            )
-        )
-    if not settings.USE_TZ:
-        errors.append(
-            checks.Error(
-                "USE_TZ is off; Tick compares and stores aware datetimes only.",
-                hint="Set USE_TZ = True.",
-                id="tick.E002",
-            )
-        )
-    return errors
+    return broken(UTC_RULES)
 
 
 # (settings, what each value must be, test, id)
@@ -146,116 +250,22 @@ def check_value_ranges(app_configs: Apps = None, **kwargs: Any) -> list[CheckMes
 
 @checks.register()
 def check_pipeline_windows(app_configs: Apps = None, **kwargs: Any) -> list[CheckMessage]:
-    """Relations between the materializer's, the relay's and the worker's time spans."""
-    errors: list[CheckMessage] = []
-    window_s = settings.TICK_PLANNING_WINDOW_S
-    if window_s * 1000 <= settings.TICK_RELAY_LOOKAHEAD_MS:
-        errors.append(
-            checks.Error(
-                f"TICK_PLANNING_WINDOW_S ({window_s} s) is not greater than "
-                f"TICK_RELAY_LOOKAHEAD_MS ({settings.TICK_RELAY_LOOKAHEAD_MS} ms): the relay "
-                "would look further ahead than the materializer has written, so bursts are "
-                "not read before their instant.",
-                hint="Raise TICK_PLANNING_WINDOW_S or lower TICK_RELAY_LOOKAHEAD_MS.",
-                id="tick.E006",
-            )
-        )
-    if window_s <= settings.TICK_LEASE_TTL_S:
-        errors.append(
-            checks.Error(
-                f"TICK_PLANNING_WINDOW_S ({window_s} s) is not greater than "
-                f"TICK_LEASE_TTL_S ({settings.TICK_LEASE_TTL_S} s): occurrences due while a "
-                "dead materializer's shard leases expire would be written late.",
-                hint="Keep the planning window well above the shard lease TTL.",
-                id="tick.E007",
-            )
-        )
-    if settings.TICK_RETENTION_DAYS * 86_400 < settings.TICK_RETRY_DEADLINE_S:
-        errors.append(
-            checks.Error(
-                f"TICK_RETENTION_DAYS ({settings.TICK_RETENTION_DAYS}) is shorter than "
-                f"TICK_RETRY_DEADLINE_S ({settings.TICK_RETRY_DEADLINE_S} s): partitions "
-                "would be dropped while their occurrences can still be retried.",
-                hint="Raise TICK_RETENTION_DAYS or lower TICK_RETRY_DEADLINE_S.",
-                id="tick.E008",
-            )
-        )
-    return errors
+    return broken(PIPELINE_WINDOW_RULES)
 
 
 @checks.register()
 def check_lease_ttl(app_configs: Apps = None, **kwargs: Any) -> list[CheckMessage]:
-    """The relay renews its shard leases between steps, and one step may wait for its instant
-    up to the look-ahead: a shorter lease expires mid-step, another relay takes the shards,
-    and their rows are published twice (same ids: duplicates, never losses)."""
-    margin_ms = 1000
-    if settings.TICK_LEASE_TTL_S * 1000 > settings.TICK_RELAY_LOOKAHEAD_MS + margin_ms:
-        return []
-    return [
-        checks.Warning(
-            f"TICK_LEASE_TTL_S ({settings.TICK_LEASE_TTL_S} s) is not above "
-            f"TICK_RELAY_LOOKAHEAD_MS ({settings.TICK_RELAY_LOOKAHEAD_MS} ms) + 1 s: a relay "
-            "step waiting for its instant outlives its shard leases, and another relay "
-            "publishes the same rows again.",
-            hint="Keep the lease TTL well above the look-ahead (defaults: 15 s and 5 s).",
-            id="tick.W003",
-        )
-    ]
+    return broken(LEASE_TTL_RULES)
 
 
 @checks.register()
 def check_fair_share(app_configs: Apps = None, **kwargs: Any) -> list[CheckMessage]:
-    """The tenant share of worker slots and the worker presence it is counted over."""
-    errors: list[CheckMessage] = []
-    share = settings.TICK_TENANT_SLOT_SHARE
-    if not 0 < share <= 1:
-        errors.append(
-            checks.Error(
-                f"TICK_TENANT_SLOT_SHARE is {share}; it must be greater than 0 and at most 1 "
-                "(a fraction of the live worker slots one tenant may hold).",
-                hint="Set TICK_TENANT_SLOT_SHARE to e.g. 0.5; 1 lets one tenant take every slot.",
-                id="tick.E011",
-            )
-        )
-    reserve = settings.TICK_STRICT_RESERVED_SHARE
-    if not 0 <= reserve < 1:
-        errors.append(
-            checks.Error(
-                f"TICK_STRICT_RESERVED_SHARE is {reserve}; it must be at least 0 and below 1 "
-                "(a fraction of the live worker slots kept from recovery work).",
-                hint="Set TICK_STRICT_RESERVED_SHARE to e.g. 0.5; 0 reserves nothing.",
-                id="tick.E017",
-            )
-        )
-    interval_s = settings.TICK_WORKER_PRESENCE_INTERVAL_S
-    ttl_s = settings.TICK_WORKER_PRESENCE_TTL_S
-    if interval_s >= ttl_s:
-        errors.append(
-            checks.Error(
-                f"TICK_WORKER_PRESENCE_INTERVAL_S ({interval_s} s) is not below "
-                f"TICK_WORKER_PRESENCE_TTL_S ({ttl_s} s): live workers would drop out of the "
-                "capacity between their beats, and tenants' shares would shrink or vanish.",
-                hint="Keep the TTL at two or three beat intervals or more.",
-                id="tick.E012",
-            )
-        )
-    return errors
+    return broken(FAIR_SHARE_RULES)
 
 
 @checks.register()
 def check_audit_bounds(app_configs: Apps = None, **kwargs: Any) -> list[CheckMessage]:
-    """The reconcile audit's ENQUEUED bound counts a retry's backoff (docs/decisions.md)."""
-    if settings.TICK_AUDIT_ENQUEUED_BOUND_S > settings.TICK_RETRY_CAP_S:
-        return []
-    return [
-        checks.Warning(
-            f"TICK_AUDIT_ENQUEUED_BOUND_S ({settings.TICK_AUDIT_ENQUEUED_BOUND_S} s) is not "
-            f"greater than TICK_RETRY_CAP_S ({settings.TICK_RETRY_CAP_S} s): `reconcile` "
-            "would report retries still waiting out their backoff as stuck.",
-            hint="Raise TICK_AUDIT_ENQUEUED_BOUND_S above the retry cap plus a queue wait.",
-            id="tick.W001",
-        )
-    ]
+    return broken(AUDIT_BOUND_RULES)
 
 
 @checks.register()
