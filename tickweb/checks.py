@@ -218,9 +218,16 @@ AUDIT_BOUND_RULES = (
 )
 
 
-@checks.register()
-def check_utc(app_configs: Apps = None, **kwargs: Any) -> list[CheckMessage]:
-    return broken(UTC_RULES)
+def rules_check(rules: Sequence[Rule]) -> Callable[..., list[CheckMessage]]:
+    """A registered system check that reports the broken ones of `rules`."""
+
+    def check(app_configs: Apps = None, **kwargs: Any) -> list[CheckMessage]:
+        return broken(rules)
+
+    return checks.register()(check)
+
+
+check_utc = rules_check(UTC_RULES)
 
 
 # (settings, what each value must be, test, id)
@@ -248,24 +255,10 @@ def check_value_ranges(app_configs: Apps = None, **kwargs: Any) -> list[CheckMes
     return errors
 
 
-@checks.register()
-def check_pipeline_windows(app_configs: Apps = None, **kwargs: Any) -> list[CheckMessage]:
-    return broken(PIPELINE_WINDOW_RULES)
-
-
-@checks.register()
-def check_lease_ttl(app_configs: Apps = None, **kwargs: Any) -> list[CheckMessage]:
-    return broken(LEASE_TTL_RULES)
-
-
-@checks.register()
-def check_fair_share(app_configs: Apps = None, **kwargs: Any) -> list[CheckMessage]:
-    return broken(FAIR_SHARE_RULES)
-
-
-@checks.register()
-def check_audit_bounds(app_configs: Apps = None, **kwargs: Any) -> list[CheckMessage]:
-    return broken(AUDIT_BOUND_RULES)
+check_pipeline_windows = rules_check(PIPELINE_WINDOW_RULES)
+check_lease_ttl = rules_check(LEASE_TTL_RULES)
+check_fair_share = rules_check(FAIR_SHARE_RULES)
+check_audit_bounds = rules_check(AUDIT_BOUND_RULES)
 
 
 @checks.register()
