@@ -218,13 +218,16 @@ AUDIT_BOUND_RULES = (
 )
 
 
-def rules_check(rules: Sequence[Rule]) -> Callable[..., list[CheckMessage]]:
-    """A registered system check that reports the broken ones of `rules`."""
+def rules_check(
+    rules: Sequence[Rule], *tags: str, deploy: bool = False
+) -> Callable[..., list[CheckMessage]]:
+    """A registered system check (with `tags`; `deploy`: only under `check --deploy`) that
+    reports the broken ones of `rules`."""
 
     def check(app_configs: Apps = None, **kwargs: Any) -> list[CheckMessage]:
         return broken(rules)
 
-    return checks.register()(check)
+    return checks.register(*tags, deploy=deploy)(check)
 
 
 check_utc = rules_check(UTC_RULES)
@@ -296,22 +299,6 @@ def check_demo_handlers_off(app_configs: Apps = None, **kwargs: Any) -> list[Che
     ]
 
 
-@checks.register(checks.Tags.security, deploy=True)
-def check_admin_two_factor(app_configs: Apps = None, **kwargs: Any) -> list[CheckMessage]:
-    """A production admin asks staff for a TOTP code (docs/operations.md "Admin two-factor")."""
-    if settings.TICK_ADMIN_OTP_REQUIRED:
-        return []
-    return [
-        checks.Warning(
-            "TICK_ADMIN_OTP_REQUIRED is off: a staff password alone opens /admin/, where "
-            "every tenant's data can be read and replayed.",
-            hint="Leave TICK_ADMIN_OTP_REQUIRED unset (on unless DJANGO_DEBUG) and enrol staff "
-            "with `manage.py otp_enrol <username>`.",
-            id="tick.W004",
-        )
-    ]
-
-
 @checks.register()
 def check_metrics_access(app_configs: Apps = None, **kwargs: Any) -> list[CheckMessage]:
     """TICK_METRICS_ALLOWED_NETWORKS are CIDRs; a TICK_METRICS_TOKEN is long enough."""
@@ -364,43 +351,60 @@ def check_signing_keys(app_configs: Apps = None, **kwargs: Any) -> list[CheckMes
     return errors
 
 
-# Deploy-only like tick.W002: `make run` deliberately prints mail to the console.
-@checks.register(checks.Tags.security, deploy=True)
-def check_email_configured(app_configs: Apps = None, **kwargs: Any) -> list[CheckMessage]:
-    """Invitations and password resets travel by e-mail; the console backend loses them."""
-    if settings.EMAIL_URL:
-        return []
-    return [
-        checks.Warning(
-            "EMAIL_URL is unset: invitation and password-reset mails are printed to the web "
-            "process's console instead of being sent.",
-            hint="Set EMAIL_URL, e.g. smtp://user:pass@smtp.example.com:587/?tls=1, and "
-            "DEFAULT_FROM_EMAIL.",
-            id="tick.W021",
-        )
-    ]
-
-
 # A PostgreSQL role name as the migrations and `SET ROLE` use it: unquoted-identifier rules,
 # so it needs no quoting anywhere it is written (docs/operations.md).
 ROLE_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
+check_web_role = rules_check(
+    (
+        Rule(
+            "tick.E021",
+            lambda s: (
+                bool(ROLE_NAME.match(s.TICK_DB_WEB_ROLE))
+                and not s.TICK_DB_WEB_ROLE.startswith("pg_")
+            ),
+            "TICK_DB_WEB_ROLE is {s.TICK_DB_WEB_ROLE!r}, which is no plain PostgreSQL role "
+            "name: web requests could not switch to it, so every page and API call would fail.",
+            "Use lower-case letters, digits and underscores (not starting with a digit or pg_), "
+            "at most 63 characters; the default is tick_web.",
+        ),
+    )
+)
 
-@checks.register()
-def check_web_role(app_configs: Apps = None, **kwargs: Any) -> list[CheckMessage]:
-    """TICK_DB_WEB_ROLE names the role web requests run as (row-level security)."""
-    role = settings.TICK_DB_WEB_ROLE
-    if ROLE_NAME.match(role) and not role.startswith("pg_"):
-        return []
-    return [
-        checks.Error(
-            f"TICK_DB_WEB_ROLE is {role!r}, which is no plain PostgreSQL role name: web "
-            "requests could not switch to it, so every page and API call would fail.",
-            hint="Use lower-case letters, digits and underscores (not starting with a digit "
-            "or pg_), at most 63 characters; the default is tick_web.",
-            id="tick.E021",
-        )
-    ]
+# Only under `check --deploy` (the production checklist), like tick.W002.
+# A production admin asks staff for a TOTP code (docs/operations.md "Admin two-factor").
+check_admin_two_factor = rules_check(
+    (
+        Rule(
+            "tick.W004",
+            lambda s: s.TICK_ADMIN_OTP_REQUIRED,
+            "TICK_ADMIN_OTP_REQUIRED is off: a staff password alone opens /admin/, where every "
+            "tenant's data can be read and replayed.",
+            "Leave TICK_ADMIN_OTP_REQUIRED unset (on unless DJANGO_DEBUG) and enrol staff with "
+            "`manage.py otp_enrol <username>`.",
+            checks.Warning,
+        ),
+    ),
+    checks.Tags.security,
+    deploy=True,
+)
+# Invitations and password resets travel by e-mail; the console backend loses them (and
+# `make run` deliberately prints mail to the console).
+check_email_configured = rules_check(
+    (
+        Rule(
+            "tick.W021",
+            lambda s: bool(s.EMAIL_URL),
+            "EMAIL_URL is unset: invitation and password-reset mails are printed to the web "
+            "process's console instead of being sent.",
+            "Set EMAIL_URL, e.g. smtp://user:pass@smtp.example.com:587/?tls=1, and "
+            "DEFAULT_FROM_EMAIL.",
+            checks.Warning,
+        ),
+    ),
+    checks.Tags.security,
+    deploy=True,
+)
 
 
 # PostgreSQL settings below which Tick's write rate turns most WAL into full-page images:
