@@ -11,6 +11,7 @@ import ipaddress
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 from cryptography.fernet import Fernet
@@ -99,9 +100,9 @@ Apps = Sequence[AppConfig] | None
 
 @dataclass(frozen=True)
 class Rule:
-    """A relation the code relies on between settings: `holds` reads them (from
-    `django.conf.settings`); otherwise the check reports `message`, in which `{s.NAME}` is the
-    setting's value, with `hint`."""
+    """A relation the code relies on between settings: `holds` reads them (the Django
+    settings, or the values given to `broken`); otherwise the check reports `message`, in
+    which `{s.NAME}` is the setting's value, with `hint`."""
 
     id: str
     holds: Callable[[Any], bool]
@@ -110,12 +111,13 @@ class Rule:
     level: Callable[..., CheckMessage] = checks.Error
 
 
-def broken(rules: Sequence[Rule]) -> list[CheckMessage]:
-    """A message for each rule the current settings break, in the rules' order."""
+def broken(rules: Sequence[Rule], values: Any = settings) -> list[CheckMessage]:
+    """A message for each rule that `values` (by default the Django settings) break, in the
+    rules' order."""
     return [
-        rule.level(rule.message.format(s=settings), hint=rule.hint, id=rule.id)
+        rule.level(rule.message.format(s=values), hint=rule.hint, id=rule.id)
         for rule in rules
-        if not rule.holds(settings)
+        if not rule.holds(values)
     ]
 
 
@@ -416,41 +418,43 @@ PG_MIN_CHECKPOINT_TIMEOUT_S = 600
 _PG_SETTING_NAMES = ("max_wal_size", "checkpoint_timeout", "wal_compression")
 
 
+_PG_HINT = 'Apply the settings in docs/operations.md "PostgreSQL settings".'
+PG_RULES = (
+    Rule(
+        "tick.W030",
+        lambda pg: pg.max_wal_size >= PG_MIN_MAX_WAL_SIZE_MB,
+        "PostgreSQL max_wal_size is {s.max_wal_size} MB: at Tick's write rate it forces a "
+        "checkpoint every few seconds, and most WAL becomes full-page images.",
+        f"Set max_wal_size to at least {PG_MIN_MAX_WAL_SIZE_MB // 1024} GB. {_PG_HINT}",
+        checks.Warning,
+    ),
+    Rule(
+        "tick.W031",
+        lambda pg: pg.checkpoint_timeout >= PG_MIN_CHECKPOINT_TIMEOUT_S,
+        "PostgreSQL checkpoint_timeout is {s.checkpoint_timeout} s: each checkpoint logs every "
+        "page touched after it whole again, so WAL is mostly full-page images.",
+        f"Set checkpoint_timeout to at least {PG_MIN_CHECKPOINT_TIMEOUT_S // 60} min. {_PG_HINT}",
+        checks.Warning,
+    ),
+    Rule(
+        "tick.W032",
+        lambda pg: pg.wal_compression != "off",
+        "PostgreSQL wal_compression is off: full-page images are written uncompressed.",
+        f"Set wal_compression to lz4 (or pglz). {_PG_HINT}",
+        checks.Warning,
+    ),
+)
+
+
 def pg_settings_warnings(values: dict[str, str]) -> list[CheckMessage]:
     """Warnings for `SHOW`-style values (max_wal_size in MB, checkpoint_timeout in s, as
     `pg_settings.setting` gives them)."""
-    found: list[CheckMessage] = []
-    hint = 'Apply the settings in docs/operations.md "PostgreSQL settings".'
-    wal_mb = int(values.get("max_wal_size", "0"))
-    if wal_mb < PG_MIN_MAX_WAL_SIZE_MB:
-        found.append(
-            checks.Warning(
-                f"PostgreSQL max_wal_size is {wal_mb} MB: at Tick's write rate it forces a "
-                "checkpoint every few seconds, and most WAL becomes full-page images.",
-                hint=f"Set max_wal_size to at least {PG_MIN_MAX_WAL_SIZE_MB // 1024} GB. {hint}",
-                id="tick.W030",
-            )
-        )
-    timeout_s = int(values.get("checkpoint_timeout", "0"))
-    if timeout_s < PG_MIN_CHECKPOINT_TIMEOUT_S:
-        found.append(
-            checks.Warning(
-                f"PostgreSQL checkpoint_timeout is {timeout_s} s: each checkpoint logs every "
-                "page touched after it whole again, so WAL is mostly full-page images.",
-                hint=f"Set checkpoint_timeout to at least {PG_MIN_CHECKPOINT_TIMEOUT_S // 60} "
-                f"min. {hint}",
-                id="tick.W031",
-            )
-        )
-    if values.get("wal_compression", "off") == "off":
-        found.append(
-            checks.Warning(
-                "PostgreSQL wal_compression is off: full-page images are written uncompressed.",
-                hint=f"Set wal_compression to lz4 (or pglz). {hint}",
-                id="tick.W032",
-            )
-        )
-    return found
+    pg = SimpleNamespace(
+        max_wal_size=int(values.get("max_wal_size", "0")),
+        checkpoint_timeout=int(values.get("checkpoint_timeout", "0")),
+        wal_compression=values.get("wal_compression", "off"),
+    )
+    return broken(PG_RULES, pg)
 
 
 @checks.register(checks.Tags.database)
