@@ -10,6 +10,8 @@ from __future__ import annotations
 import ipaddress
 import re
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 from cryptography.fernet import Fernet
@@ -96,27 +98,141 @@ NOT_NEGATIVE = (
 Apps = Sequence[AppConfig] | None
 
 
-@checks.register()
-def check_utc(app_configs: Apps = None, **kwargs: Any) -> list[CheckMessage]:
-    """Stored instants, partition days and retry budgets are all UTC."""
-    errors: list[CheckMessage] = []
-    if settings.TIME_ZONE != "UTC":
-        errors.append(
-            checks.Error(
-                f"TIME_ZONE is {settings.TIME_ZONE!r}; Tick runs in UTC.",
-                hint='Set TIME_ZONE = "UTC"; schedules carry their own time zone.',
-                id="tick.E001",
-            )
-        )
-    if not settings.USE_TZ:
-        errors.append(
-            checks.Error(
-                "USE_TZ is off; Tick compares and stores aware datetimes only.",
-                hint="Set USE_TZ = True.",
-                id="tick.E002",
-            )
-        )
-    return errors
+@dataclass(frozen=True)
+class Rule:
+    """A relation the code relies on between settings: `holds` reads them (the Django
+    settings, or the values given to `broken`); otherwise the check reports `message`, in
+    which `{s.NAME}` is the setting's value, with `hint`."""
+
+    id: str
+    holds: Callable[[Any], bool]
+    message: str
+    hint: str
+    level: Callable[..., CheckMessage] = checks.Error
+
+
+def broken(rules: Sequence[Rule], values: Any = settings) -> list[CheckMessage]:
+    """A message for each rule that `values` (by default the Django settings) break, in the
+    rules' order."""
+    return [
+        rule.level(rule.message.format(s=values), hint=rule.hint, id=rule.id)
+        for rule in rules
+        if not rule.holds(values)
+    ]
+
+
+# Stored instants, partition days and retry budgets are all UTC.
+UTC_RULES = (
+    Rule(
+        "tick.E001",
+        lambda s: s.TIME_ZONE == "UTC",
+        "TIME_ZONE is {s.TIME_ZONE!r}; Tick runs in UTC.",
+        'Set TIME_ZONE = "UTC"; schedules carry their own time zone.',
+    ),
+    Rule(
+        "tick.E002",
+        lambda s: s.USE_TZ,
+        "USE_TZ is off; Tick compares and stores aware datetimes only.",
+        "Set USE_TZ = True.",
+    ),
+)
+
+PIPELINE_WINDOW_RULES = (
+    Rule(
+        "tick.E006",
+        lambda s: s.TICK_PLANNING_WINDOW_S * 1000 > s.TICK_RELAY_LOOKAHEAD_MS,
+        "TICK_PLANNING_WINDOW_S ({s.TICK_PLANNING_WINDOW_S} s) is not greater than "
+        "TICK_RELAY_LOOKAHEAD_MS ({s.TICK_RELAY_LOOKAHEAD_MS} ms): the relay would look further "
+        "ahead than the materializer has written, so bursts are not read before their instant.",
+        "Raise TICK_PLANNING_WINDOW_S or lower TICK_RELAY_LOOKAHEAD_MS.",
+    ),
+    Rule(
+        "tick.E007",
+        lambda s: s.TICK_PLANNING_WINDOW_S > s.TICK_LEASE_TTL_S,
+        "TICK_PLANNING_WINDOW_S ({s.TICK_PLANNING_WINDOW_S} s) is not greater than "
+        "TICK_LEASE_TTL_S ({s.TICK_LEASE_TTL_S} s): occurrences due while a dead "
+        "materializer's shard leases expire would be written late.",
+        "Keep the planning window well above the shard lease TTL.",
+    ),
+    Rule(
+        "tick.E008",
+        lambda s: s.TICK_RETENTION_DAYS * 86_400 >= s.TICK_RETRY_DEADLINE_S,
+        "TICK_RETENTION_DAYS ({s.TICK_RETENTION_DAYS}) is shorter than TICK_RETRY_DEADLINE_S "
+        "({s.TICK_RETRY_DEADLINE_S} s): partitions would be dropped while their occurrences "
+        "can still be retried.",
+        "Raise TICK_RETENTION_DAYS or lower TICK_RETRY_DEADLINE_S.",
+    ),
+)
+
+# The relay renews its shard leases between steps, and one step may wait for its instant up
+# to the look-ahead: a shorter lease expires mid-step, another relay takes the shards, and
+# their rows are published twice (same ids: duplicates, never losses).
+LEASE_TTL_RULES = (
+    Rule(
+        "tick.W003",
+        lambda s: s.TICK_LEASE_TTL_S * 1000 > s.TICK_RELAY_LOOKAHEAD_MS + 1000,
+        "TICK_LEASE_TTL_S ({s.TICK_LEASE_TTL_S} s) is not above TICK_RELAY_LOOKAHEAD_MS "
+        "({s.TICK_RELAY_LOOKAHEAD_MS} ms) + 1 s: a relay step waiting for its instant "
+        "outlives its shard leases, and another relay publishes the same rows again.",
+        "Keep the lease TTL well above the look-ahead (defaults: 15 s and 5 s).",
+        checks.Warning,
+    ),
+)
+
+# The tenant share of worker slots and the worker presence it is counted over.
+FAIR_SHARE_RULES = (
+    Rule(
+        "tick.E011",
+        lambda s: 0 < s.TICK_TENANT_SLOT_SHARE <= 1,
+        "TICK_TENANT_SLOT_SHARE is {s.TICK_TENANT_SLOT_SHARE}; it must be greater than 0 and "
+        "at most 1 (a fraction of the live worker slots one tenant may hold).",
+        "Set TICK_TENANT_SLOT_SHARE to e.g. 0.5; 1 lets one tenant take every slot.",
+    ),
+    Rule(
+        "tick.E017",
+        lambda s: 0 <= s.TICK_STRICT_RESERVED_SHARE < 1,
+        "TICK_STRICT_RESERVED_SHARE is {s.TICK_STRICT_RESERVED_SHARE}; it must be at least 0 "
+        "and below 1 (a fraction of the live worker slots kept from recovery work).",
+        "Set TICK_STRICT_RESERVED_SHARE to e.g. 0.5; 0 reserves nothing.",
+    ),
+    Rule(
+        "tick.E012",
+        lambda s: s.TICK_WORKER_PRESENCE_INTERVAL_S < s.TICK_WORKER_PRESENCE_TTL_S,
+        "TICK_WORKER_PRESENCE_INTERVAL_S ({s.TICK_WORKER_PRESENCE_INTERVAL_S} s) is not below "
+        "TICK_WORKER_PRESENCE_TTL_S ({s.TICK_WORKER_PRESENCE_TTL_S} s): live workers would "
+        "drop out of the capacity between their beats, and tenants' shares would shrink or "
+        "vanish.",
+        "Keep the TTL at two or three beat intervals or more.",
+    ),
+)
+
+# The reconcile audit's ENQUEUED bound counts a retry's backoff (docs/decisions.md).
+AUDIT_BOUND_RULES = (
+    Rule(
+        "tick.W001",
+        lambda s: s.TICK_AUDIT_ENQUEUED_BOUND_S > s.TICK_RETRY_CAP_S,
+        "TICK_AUDIT_ENQUEUED_BOUND_S ({s.TICK_AUDIT_ENQUEUED_BOUND_S} s) is not greater than "
+        "TICK_RETRY_CAP_S ({s.TICK_RETRY_CAP_S} s): `reconcile` would report retries still "
+        "waiting out their backoff as stuck.",
+        "Raise TICK_AUDIT_ENQUEUED_BOUND_S above the retry cap plus a queue wait.",
+        checks.Warning,
+    ),
+)
+
+
+def rules_check(
+    rules: Sequence[Rule], *tags: str, deploy: bool = False
+) -> Callable[..., list[CheckMessage]]:
+    """A registered system check (with `tags`; `deploy`: only under `check --deploy`) that
+    reports the broken ones of `rules`."""
+
+    def check(app_configs: Apps = None, **kwargs: Any) -> list[CheckMessage]:
+        return broken(rules)
+
+    return checks.register(*tags, deploy=deploy)(check)
+
+
+check_utc = rules_check(UTC_RULES)
 
 
 # (settings, what each value must be, test, id)
@@ -144,118 +260,10 @@ def check_value_ranges(app_configs: Apps = None, **kwargs: Any) -> list[CheckMes
     return errors
 
 
-@checks.register()
-def check_pipeline_windows(app_configs: Apps = None, **kwargs: Any) -> list[CheckMessage]:
-    """Relations between the materializer's, the relay's and the worker's time spans."""
-    errors: list[CheckMessage] = []
-    window_s = settings.TICK_PLANNING_WINDOW_S
-    if window_s * 1000 <= settings.TICK_RELAY_LOOKAHEAD_MS:
-        errors.append(
-            checks.Error(
-                f"TICK_PLANNING_WINDOW_S ({window_s} s) is not greater than "
-                f"TICK_RELAY_LOOKAHEAD_MS ({settings.TICK_RELAY_LOOKAHEAD_MS} ms): the relay "
-                "would look further ahead than the materializer has written, so bursts are "
-                "not read before their instant.",
-                hint="Raise TICK_PLANNING_WINDOW_S or lower TICK_RELAY_LOOKAHEAD_MS.",
-                id="tick.E006",
-            )
-        )
-    if window_s <= settings.TICK_LEASE_TTL_S:
-        errors.append(
-            checks.Error(
-                f"TICK_PLANNING_WINDOW_S ({window_s} s) is not greater than "
-                f"TICK_LEASE_TTL_S ({settings.TICK_LEASE_TTL_S} s): occurrences due while a "
-                "dead materializer's shard leases expire would be written late.",
-                hint="Keep the planning window well above the shard lease TTL.",
-                id="tick.E007",
-            )
-        )
-    if settings.TICK_RETENTION_DAYS * 86_400 < settings.TICK_RETRY_DEADLINE_S:
-        errors.append(
-            checks.Error(
-                f"TICK_RETENTION_DAYS ({settings.TICK_RETENTION_DAYS}) is shorter than "
-                f"TICK_RETRY_DEADLINE_S ({settings.TICK_RETRY_DEADLINE_S} s): partitions "
-                "would be dropped while their occurrences can still be retried.",
-                hint="Raise TICK_RETENTION_DAYS or lower TICK_RETRY_DEADLINE_S.",
-                id="tick.E008",
-            )
-        )
-    return errors
-
-
-@checks.register()
-def check_lease_ttl(app_configs: Apps = None, **kwargs: Any) -> list[CheckMessage]:
-    """The relay renews its shard leases between steps, and one step may wait for its instant
-    up to the look-ahead: a shorter lease expires mid-step, another relay takes the shards,
-    and their rows are published twice (same ids: duplicates, never losses)."""
-    margin_ms = 1000
-    if settings.TICK_LEASE_TTL_S * 1000 > settings.TICK_RELAY_LOOKAHEAD_MS + margin_ms:
-        return []
-    return [
-        checks.Warning(
-            f"TICK_LEASE_TTL_S ({settings.TICK_LEASE_TTL_S} s) is not above "
-            f"TICK_RELAY_LOOKAHEAD_MS ({settings.TICK_RELAY_LOOKAHEAD_MS} ms) + 1 s: a relay "
-            "step waiting for its instant outlives its shard leases, and another relay "
-            "publishes the same rows again.",
-            hint="Keep the lease TTL well above the look-ahead (defaults: 15 s and 5 s).",
-            id="tick.W003",
-        )
-    ]
-
-
-@checks.register()
-def check_fair_share(app_configs: Apps = None, **kwargs: Any) -> list[CheckMessage]:
-    """The tenant share of worker slots and the worker presence it is counted over."""
-    errors: list[CheckMessage] = []
-    share = settings.TICK_TENANT_SLOT_SHARE
-    if not 0 < share <= 1:
-        errors.append(
-            checks.Error(
-                f"TICK_TENANT_SLOT_SHARE is {share}; it must be greater than 0 and at most 1 "
-                "(a fraction of the live worker slots one tenant may hold).",
-                hint="Set TICK_TENANT_SLOT_SHARE to e.g. 0.5; 1 lets one tenant take every slot.",
-                id="tick.E011",
-            )
-        )
-    reserve = settings.TICK_STRICT_RESERVED_SHARE
-    if not 0 <= reserve < 1:
-        errors.append(
-            checks.Error(
-                f"TICK_STRICT_RESERVED_SHARE is {reserve}; it must be at least 0 and below 1 "
-                "(a fraction of the live worker slots kept from recovery work).",
-                hint="Set TICK_STRICT_RESERVED_SHARE to e.g. 0.5; 0 reserves nothing.",
-                id="tick.E017",
-            )
-        )
-    interval_s = settings.TICK_WORKER_PRESENCE_INTERVAL_S
-    ttl_s = settings.TICK_WORKER_PRESENCE_TTL_S
-    if interval_s >= ttl_s:
-        errors.append(
-            checks.Error(
-                f"TICK_WORKER_PRESENCE_INTERVAL_S ({interval_s} s) is not below "
-                f"TICK_WORKER_PRESENCE_TTL_S ({ttl_s} s): live workers would drop out of the "
-                "capacity between their beats, and tenants' shares would shrink or vanish.",
-                hint="Keep the TTL at two or three beat intervals or more.",
-                id="tick.E012",
-            )
-        )
-    return errors
-
-
-@checks.register()
-def check_audit_bounds(app_configs: Apps = None, **kwargs: Any) -> list[CheckMessage]:
-    """The reconcile audit's ENQUEUED bound counts a retry's backoff (docs/decisions.md)."""
-    if settings.TICK_AUDIT_ENQUEUED_BOUND_S > settings.TICK_RETRY_CAP_S:
-        return []
-    return [
-        checks.Warning(
-            f"TICK_AUDIT_ENQUEUED_BOUND_S ({settings.TICK_AUDIT_ENQUEUED_BOUND_S} s) is not "
-            f"greater than TICK_RETRY_CAP_S ({settings.TICK_RETRY_CAP_S} s): `reconcile` "
-            "would report retries still waiting out their backoff as stuck.",
-            hint="Raise TICK_AUDIT_ENQUEUED_BOUND_S above the retry cap plus a queue wait.",
-            id="tick.W001",
-        )
-    ]
+check_pipeline_windows = rules_check(PIPELINE_WINDOW_RULES)
+check_lease_ttl = rules_check(LEASE_TTL_RULES)
+check_fair_share = rules_check(FAIR_SHARE_RULES)
+check_audit_bounds = rules_check(AUDIT_BOUND_RULES)
 
 
 @checks.register()
@@ -289,22 +297,6 @@ def check_demo_handlers_off(app_configs: Apps = None, **kwargs: Any) -> list[Che
             hint="Leave TICK_EXTRA_HANDLERS unset (empty) in production; demo handlers are "
             "for `make run` and tests.",
             id="tick.W002",
-        )
-    ]
-
-
-@checks.register(checks.Tags.security, deploy=True)
-def check_admin_two_factor(app_configs: Apps = None, **kwargs: Any) -> list[CheckMessage]:
-    """A production admin asks staff for a TOTP code (docs/operations.md "Admin two-factor")."""
-    if settings.TICK_ADMIN_OTP_REQUIRED:
-        return []
-    return [
-        checks.Warning(
-            "TICK_ADMIN_OTP_REQUIRED is off: a staff password alone opens /admin/, where "
-            "every tenant's data can be read and replayed.",
-            hint="Leave TICK_ADMIN_OTP_REQUIRED unset (on unless DJANGO_DEBUG) and enrol staff "
-            "with `manage.py otp_enrol <username>`.",
-            id="tick.W004",
         )
     ]
 
@@ -361,43 +353,60 @@ def check_signing_keys(app_configs: Apps = None, **kwargs: Any) -> list[CheckMes
     return errors
 
 
-# Deploy-only like tick.W002: `make run` deliberately prints mail to the console.
-@checks.register(checks.Tags.security, deploy=True)
-def check_email_configured(app_configs: Apps = None, **kwargs: Any) -> list[CheckMessage]:
-    """Invitations and password resets travel by e-mail; the console backend loses them."""
-    if settings.EMAIL_URL:
-        return []
-    return [
-        checks.Warning(
-            "EMAIL_URL is unset: invitation and password-reset mails are printed to the web "
-            "process's console instead of being sent.",
-            hint="Set EMAIL_URL, e.g. smtp://user:pass@smtp.example.com:587/?tls=1, and "
-            "DEFAULT_FROM_EMAIL.",
-            id="tick.W021",
-        )
-    ]
-
-
 # A PostgreSQL role name as the migrations and `SET ROLE` use it: unquoted-identifier rules,
 # so it needs no quoting anywhere it is written (docs/operations.md).
 ROLE_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
+check_web_role = rules_check(
+    (
+        Rule(
+            "tick.E021",
+            lambda s: (
+                bool(ROLE_NAME.match(s.TICK_DB_WEB_ROLE))
+                and not s.TICK_DB_WEB_ROLE.startswith("pg_")
+            ),
+            "TICK_DB_WEB_ROLE is {s.TICK_DB_WEB_ROLE!r}, which is no plain PostgreSQL role "
+            "name: web requests could not switch to it, so every page and API call would fail.",
+            "Use lower-case letters, digits and underscores (not starting with a digit or pg_), "
+            "at most 63 characters; the default is tick_web.",
+        ),
+    )
+)
 
-@checks.register()
-def check_web_role(app_configs: Apps = None, **kwargs: Any) -> list[CheckMessage]:
-    """TICK_DB_WEB_ROLE names the role web requests run as (row-level security)."""
-    role = settings.TICK_DB_WEB_ROLE
-    if ROLE_NAME.match(role) and not role.startswith("pg_"):
-        return []
-    return [
-        checks.Error(
-            f"TICK_DB_WEB_ROLE is {role!r}, which is no plain PostgreSQL role name: web "
-            "requests could not switch to it, so every page and API call would fail.",
-            hint="Use lower-case letters, digits and underscores (not starting with a digit "
-            "or pg_), at most 63 characters; the default is tick_web.",
-            id="tick.E021",
-        )
-    ]
+# Only under `check --deploy` (the production checklist), like tick.W002.
+# A production admin asks staff for a TOTP code (docs/operations.md "Admin two-factor").
+check_admin_two_factor = rules_check(
+    (
+        Rule(
+            "tick.W004",
+            lambda s: s.TICK_ADMIN_OTP_REQUIRED,
+            "TICK_ADMIN_OTP_REQUIRED is off: a staff password alone opens /admin/, where every "
+            "tenant's data can be read and replayed.",
+            "Leave TICK_ADMIN_OTP_REQUIRED unset (on unless DJANGO_DEBUG) and enrol staff with "
+            "`manage.py otp_enrol <username>`.",
+            checks.Warning,
+        ),
+    ),
+    checks.Tags.security,
+    deploy=True,
+)
+# Invitations and password resets travel by e-mail; the console backend loses them (and
+# `make run` deliberately prints mail to the console).
+check_email_configured = rules_check(
+    (
+        Rule(
+            "tick.W021",
+            lambda s: bool(s.EMAIL_URL),
+            "EMAIL_URL is unset: invitation and password-reset mails are printed to the web "
+            "process's console instead of being sent.",
+            "Set EMAIL_URL, e.g. smtp://user:pass@smtp.example.com:587/?tls=1, and "
+            "DEFAULT_FROM_EMAIL.",
+            checks.Warning,
+        ),
+    ),
+    checks.Tags.security,
+    deploy=True,
+)
 
 
 # PostgreSQL settings below which Tick's write rate turns most WAL into full-page images:
@@ -409,41 +418,43 @@ PG_MIN_CHECKPOINT_TIMEOUT_S = 600
 _PG_SETTING_NAMES = ("max_wal_size", "checkpoint_timeout", "wal_compression")
 
 
+_PG_HINT = 'Apply the settings in docs/operations.md "PostgreSQL settings".'
+PG_RULES = (
+    Rule(
+        "tick.W030",
+        lambda pg: pg.max_wal_size >= PG_MIN_MAX_WAL_SIZE_MB,
+        "PostgreSQL max_wal_size is {s.max_wal_size} MB: at Tick's write rate it forces a "
+        "checkpoint every few seconds, and most WAL becomes full-page images.",
+        f"Set max_wal_size to at least {PG_MIN_MAX_WAL_SIZE_MB // 1024} GB. {_PG_HINT}",
+        checks.Warning,
+    ),
+    Rule(
+        "tick.W031",
+        lambda pg: pg.checkpoint_timeout >= PG_MIN_CHECKPOINT_TIMEOUT_S,
+        "PostgreSQL checkpoint_timeout is {s.checkpoint_timeout} s: each checkpoint logs every "
+        "page touched after it whole again, so WAL is mostly full-page images.",
+        f"Set checkpoint_timeout to at least {PG_MIN_CHECKPOINT_TIMEOUT_S // 60} min. {_PG_HINT}",
+        checks.Warning,
+    ),
+    Rule(
+        "tick.W032",
+        lambda pg: pg.wal_compression != "off",
+        "PostgreSQL wal_compression is off: full-page images are written uncompressed.",
+        f"Set wal_compression to lz4 (or pglz). {_PG_HINT}",
+        checks.Warning,
+    ),
+)
+
+
 def pg_settings_warnings(values: dict[str, str]) -> list[CheckMessage]:
     """Warnings for `SHOW`-style values (max_wal_size in MB, checkpoint_timeout in s, as
     `pg_settings.setting` gives them)."""
-    found: list[CheckMessage] = []
-    hint = 'Apply the settings in docs/operations.md "PostgreSQL settings".'
-    wal_mb = int(values.get("max_wal_size", "0"))
-    if wal_mb < PG_MIN_MAX_WAL_SIZE_MB:
-        found.append(
-            checks.Warning(
-                f"PostgreSQL max_wal_size is {wal_mb} MB: at Tick's write rate it forces a "
-                "checkpoint every few seconds, and most WAL becomes full-page images.",
-                hint=f"Set max_wal_size to at least {PG_MIN_MAX_WAL_SIZE_MB // 1024} GB. {hint}",
-                id="tick.W030",
-            )
-        )
-    timeout_s = int(values.get("checkpoint_timeout", "0"))
-    if timeout_s < PG_MIN_CHECKPOINT_TIMEOUT_S:
-        found.append(
-            checks.Warning(
-                f"PostgreSQL checkpoint_timeout is {timeout_s} s: each checkpoint logs every "
-                "page touched after it whole again, so WAL is mostly full-page images.",
-                hint=f"Set checkpoint_timeout to at least {PG_MIN_CHECKPOINT_TIMEOUT_S // 60} "
-                f"min. {hint}",
-                id="tick.W031",
-            )
-        )
-    if values.get("wal_compression", "off") == "off":
-        found.append(
-            checks.Warning(
-                "PostgreSQL wal_compression is off: full-page images are written uncompressed.",
-                hint=f"Set wal_compression to lz4 (or pglz). {hint}",
-                id="tick.W032",
-            )
-        )
-    return found
+    pg = SimpleNamespace(
+        max_wal_size=int(values.get("max_wal_size", "0")),
+        checkpoint_timeout=int(values.get("checkpoint_timeout", "0")),
+        wal_compression=values.get("wal_compression", "off"),
+    )
+    return broken(PG_RULES, pg)
 
 
 @checks.register(checks.Tags.database)

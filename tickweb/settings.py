@@ -433,9 +433,10 @@ TICK_WORKER_PRESENCE_TTL_S = env_int("TICK_WORKER_PRESENCE_TTL_S", 30)
 # A worker retries a database outage this long (backoff) before handing the message back.
 TICK_WORKER_OUTAGE_RETRY_S = env_int("TICK_WORKER_OUTAGE_RETRY_S", 60)
 # Group commit of successful completions in a pool process (execution/complete_batch.py):
-# queued ones are written together every this many ms (0: each completes at once), at once
-# when this many are queued.
-TICK_COMPLETION_GROUP_MS = env_int("TICK_COMPLETION_GROUP_MS", 50)
+# queued ones are written together every this many ms (0: each completes at once, the
+# default: docs/decisions.md "Claim and completion in fewer round trips"), at once when this
+# many are queued.
+TICK_COMPLETION_GROUP_MS = env_int("TICK_COMPLETION_GROUP_MS", 0)
 TICK_COMPLETION_GROUP_MAX = env_int("TICK_COMPLETION_GROUP_MAX", 200)
 # Handler deadlines (apps/occurrences/execution/deadlines.py): at its run-time limit a handler
 # is told to stop; one still running this much later is reclaimed (attempt TIMED_OUT, the

@@ -460,7 +460,6 @@ def preload_schedules(tenant_id: uuid.UUID, count: int) -> list[str]:
     with connection.cursor() as cursor:
         batch.copy(cursor)
         cursor.execute("ANALYZE schedules_schedule")
-        cursor.execute("ANALYZE schedules_due")
     return [str(sid) for sid in ids]
 
 

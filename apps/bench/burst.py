@@ -208,7 +208,6 @@ def _load_due(burst: _Burst, weights: list[int], say: Callable[[str], object]) -
     )  # fmt: skip
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE schedules_schedule")
-        cursor.execute("ANALYZE schedules_due")
 
 
 # -- processes -----------------------------------------------------------------------------
@@ -231,10 +230,11 @@ def _burst_occurrences(burst: _Burst) -> QuerySet[Occurrence]:
 
 # Whether any schedule of the burst still waits to be materialized: the advance of
 # `next_run_at` commits with the occurrences, so none left means all are stored. One probe
-# per shard of the due cursor `schedules_due`, however many other schedules exist.
-_UNMATERIALIZED = """
-    SELECT 1 FROM schedules_due d JOIN schedules_schedule s ON s.id = d.schedule_id
-    WHERE d.shard = ANY(%s) AND d.next_run_at = %s AND s.tenant_id = ANY(%s)
+# per shard of schedule_due_idx, however many other schedules exist.
+_UNMATERIALIZED = f"""
+    SELECT 1 FROM schedules_schedule
+    WHERE state = '{Schedule.State.ACTIVE.value}' AND next_run_at IS NOT NULL
+      AND shard = ANY(%s) AND next_run_at = %s AND tenant_id = ANY(%s)
     LIMIT 1
 """
 

@@ -31,7 +31,6 @@ PROFILED_TABLES = (
     "occurrences_attempt",
     "occurrences_dispatchoutbox",
     "schedules_schedule",
-    "schedules_due",
 )
 TOP_STATEMENTS = 5
 # Statements kept in the profile (by total time): the report's JSON stays small.
@@ -62,7 +61,7 @@ _PHASE_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
         (Phase.CLAIM, r"pg_advisory_xact_lock|from occurrences_attempt where tenant_id"),
         (Phase.CLAIM, r"insert into occurrences_attempt|occurrences_tenantactivity"),
         (Phase.COMPLETE, r"update occurrences_attempt"),
-        (Phase.MATERIALIZE, r"from schedules_(schedule|due)|update schedules_schedule|"
+        (Phase.MATERIALIZE, r"from schedules_schedule|update schedules_schedule|"
                             r"insert into occurrences_occurrence"),
         (Phase.RELAY, r"occurrences_dispatchoutbox|occurrences_relaystaging|"
                       r"occurrences_tenantratebucket"),

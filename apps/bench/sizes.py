@@ -17,7 +17,6 @@ MIB = 1024 * 1024
 # partitions.
 GROWING_TABLES = (
     "schedules_schedule",
-    "schedules_due",
     "schedules_scheduleversion",
     "schedules_scheduleevent",
     "occurrences_occurrence",

@@ -182,7 +182,6 @@ def _load_schedules(
                 batch, chunk = ScheduleBatch(), 0
         batch.copy(cursor)
         cursor.execute("ANALYZE schedules_schedule")
-        cursor.execute("ANALYZE schedules_due")
 
 
 # -- the consumer --------------------------------------------------------------------------

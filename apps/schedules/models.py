@@ -95,10 +95,7 @@ class Schedule(models.Model):
     # Server-owned: never mass-assigned from the API.
     version = models.PositiveIntegerField(default=1)
     state = models.CharField(max_length=16, choices=State.choices, default=State.ACTIVE)
-    # Next instant not yet materialized (UTC); NULL when nothing remains to fire. Not indexed
-    # here: the due scan reads `schedules_due` (shard, next_run_at, schedule_id) of the ACTIVE
-    # ones, which triggers keep equal to these columns (migration 0010), so an advance is a
-    # HOT update of this row (docs/decisions.md "The due cursor").
+    # Next instant not yet materialized (UTC); NULL when nothing remains to fire.
     next_run_at = models.DateTimeField(null=True, blank=True)
     shard = models.PositiveSmallIntegerField()
     created_at = models.DateTimeField(auto_now_add=True)
@@ -106,6 +103,13 @@ class Schedule(models.Model):
 
     class Meta:
         indexes = [
+            # The materializer's due scan (`manage.py materialize`): per shard, oldest first,
+            # active schedules only, so paused/canceled/completed rows cost nothing at 20M.
+            models.Index(
+                fields=["shard", "next_run_at"],
+                name="schedule_due_idx",
+                condition=models.Q(state="ACTIVE", next_run_at__isnull=False),
+            ),
             # Tenant listings (API/UI), newest first with id as the cursor tie-breaker.
             models.Index(fields=["tenant", "-created_at", "-id"], name="schedule_tenant_list_idx"),
             # GET /api/v1/schedules?state=… (keyset pages per state) and the active-schedule

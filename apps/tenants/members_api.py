@@ -111,11 +111,10 @@ class MemberDetail(_OneRow):
     def patch(self, request: Request, member_id: int) -> Response:
         """Change a member's role. Demoting the last admin is a 409 `last_admin`."""
         principal = _admin(request)
-        member = members.access_membership(tenant=principal.tenant, membership_id=member_id)
         body = MemberUpdateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         changed = members.membership_change_role(
-            membership=member, role=Membership.Role(body.validated_data["role"]),
+            membership=self.found, role=Membership.Role(body.validated_data["role"]),
             actor=principal.actor,
         )  # fmt: skip
         return Response(MemberSerializer(changed).data)
@@ -124,8 +123,7 @@ class MemberDetail(_OneRow):
     def delete(self, request: Request, member_id: int) -> Response:
         """Remove a member from the tenant (their account stays). The last admin: 409."""
         principal = _admin(request)
-        member = members.access_membership(tenant=principal.tenant, membership_id=member_id)
-        members.membership_remove(membership=member, actor=principal.actor)
+        members.membership_remove(membership=self.found, actor=principal.actor)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
@@ -183,9 +181,10 @@ _invitation_action_schema = extend_schema(
 )
 
 
-def _invitation_action(request: Request, invitation_id: Any, act: Callable[..., Any]) -> Response:
+def _invitation_action(
+    request: Request, invitation: Invitation, act: Callable[..., Any]
+) -> Response:
     principal = _admin(request)
-    invitation = members.access_invitation(tenant=principal.tenant, invitation_id=invitation_id)
 
     def call() -> tuple[int, Any]:
         return status.HTTP_200_OK, dict(InvitationSerializer(act(invitation, principal)).data)
@@ -199,7 +198,7 @@ class InvitationResend(InvitationDetail):
         """Mail a new link and restart the expiry; the earlier link stops working. An
         accepted or revoked invitation: 409 `invitation_closed`."""
         return _invitation_action(
-            request, invitation_id,
+            request, self.found,
             lambda inv, who: members.invitation_resend(
                 invitation=inv, actor=who.actor, site_url=_site_url(request)
             ),
@@ -211,6 +210,6 @@ class InvitationRevoke(InvitationDetail):
     def post(self, request: Request, invitation_id: Any) -> Response:
         """Revoke an open invitation: its link is refused from now on."""
         return _invitation_action(
-            request, invitation_id,
+            request, self.found,
             lambda inv, who: members.invitation_revoke(invitation=inv, actor=who.actor),
         )  # fmt: skip

@@ -17,7 +17,6 @@ def test_sizes_cover_every_growing_table_and_each_schedule_index(tenant_a):
         make_schedule(tenant_a)
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE schedules_schedule")
-        cursor.execute("ANALYZE schedules_due")
 
     sizes = relation_sizes()
     indexes = index_sizes("schedules_schedule")
@@ -25,8 +24,7 @@ def test_sizes_cover_every_growing_table_and_each_schedule_index(tenant_a):
     assert set(sizes) == set(GROWING_TABLES)
     assert sizes["schedules_schedule"]["rows"] == 3
     assert set(sizes["schedules_schedule"]) == {"table_mib", "indexes_mib", "rows"}
-    assert "schedules_schedule_pkey" in indexes
-    assert sizes["schedules_due"]["rows"] == 3  # the due cursor: one row per ACTIVE schedule
+    assert "schedule_due_idx" in indexes and "schedules_schedule_pkey" in indexes
 
 
 def test_the_due_scan_reads_an_index_up_to_its_limit_and_sorts_nothing(tenant_a):

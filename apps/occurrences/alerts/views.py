@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
+from dataclasses import fields
 from functools import wraps
 from typing import Any, TypeVar, cast
 
@@ -127,6 +128,29 @@ def _attempt(
     return _done(request, done(result))
 
 
+def _toggle(
+    request: HttpRequest,
+    row: AlertChannel | AlertRule,
+    spec_type: type[ChannelSpec | RuleSpec],
+    update: Callable[[Any], AlertChannel | AlertRule],
+    *,
+    label: str,
+    failed: str,
+    disabled: str,
+) -> HttpResponse:
+    """Enable a disabled channel or rule, or disable an enabled one: its update service with
+    the row's own values but `enabled` flipped."""
+    values = {field.name: getattr(row, field.name) for field in fields(spec_type)}
+    spec = spec_type(**{**values, "enabled": not row.enabled})
+    return _attempt(
+        request,
+        lambda: update(spec),
+        refusal=AlertConfigError,
+        failed=failed,
+        done=lambda changed: f"{label} " + ("enabled." if changed.enabled else disabled),
+    )
+
+
 @_admin_change
 def alert_channel_add(request: HttpRequest) -> HttpResponse:
     form = AlertChannelForm(request.POST)
@@ -153,19 +177,12 @@ def alert_channel_add(request: HttpRequest) -> HttpResponse:
 @_admin_change
 def alert_channel_toggle(request: HttpRequest, channel_id: uuid.UUID) -> HttpResponse:
     channel = _channel(request, channel_id)
-    spec = ChannelSpec(
-        name=channel.name, kind=channel.kind, target=channel.target, enabled=not channel.enabled
-    )
-    return _attempt(
-        request,
-        lambda: channel_update(channel=channel, spec=spec, actor=actor_of(request)),
-        refusal=AlertConfigError,
-        failed=f"Channel “{channel.name}” not changed",
-        done=lambda changed: (
-            f"Channel “{changed.name}” "
-            + ("enabled." if changed.enabled else "disabled: its rules record nothing.")
-        ),
-    )
+    return _toggle(
+        request, channel, ChannelSpec,
+        lambda spec: channel_update(channel=channel, spec=spec, actor=actor_of(request)),
+        label=f"Channel “{channel.name}”", failed=f"Channel “{channel.name}” not changed",
+        disabled="disabled: its rules record nothing.",
+    )  # fmt: skip
 
 
 @_admin_change
@@ -237,21 +254,11 @@ def alert_rule_add(request: HttpRequest) -> HttpResponse:
 @_admin_change
 def alert_rule_toggle(request: HttpRequest, rule_id: uuid.UUID) -> HttpResponse:
     rule = _rule(request, rule_id)
-    spec = RuleSpec(
-        channel_id=rule.channel_id, event=rule.event, schedule_id=rule.schedule_id,
-        threshold_s=rule.threshold_s, window_minutes=rule.window_minutes,
-        enabled=not rule.enabled,
+    return _toggle(
+        request, rule, RuleSpec,
+        lambda spec: rule_update(rule=rule, spec=spec, actor=actor_of(request)),
+        label=f"Rule {rule.get_event_display()}", failed="Rule not changed", disabled="disabled.",
     )  # fmt: skip
-    return _attempt(
-        request,
-        lambda: rule_update(rule=rule, spec=spec, actor=actor_of(request)),
-        refusal=AlertConfigError,
-        failed="Rule not changed",
-        done=lambda changed: (
-            f"Rule {changed.get_event_display()} "
-            + ("enabled." if changed.enabled else "disabled.")
-        ),
-    )
 
 
 @_admin_change

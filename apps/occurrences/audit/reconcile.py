@@ -28,7 +28,7 @@ snapshot so a relay or materializer committing meanwhile cannot fake a stranded 
    schedules whose `next_run_at` lags behind now (**unmaterialized**). A row in the right
    state is not proof that it will ever move on. Set-based queries, each a count plus a
    LIMITed sample, restricted to `[from, to)` on the partition key where they read
-   occurrences, and to the due cursor `schedules_due` where they read schedules.
+   occurrences, and to `schedule_due_idx` where they read schedules.
 
 6. Once, set-based: runs that broke their schedule's misfire policy (misfire.py). A *late
    run* is a first attempt of a scheduled instant in `[from, to)` that started more than
@@ -615,16 +615,15 @@ _STUCK_RUNNING_SQL = """
     LIMIT %(limit)s
 """
 # Schedules are not bounded by the window: a materializer down for a day leaves next_run_at
-# before any recent window. One range probe of the due cursor `schedules_due` per shard
-# instead (the ACTIVE schedules with an instant left: migration schedules 0010); healthy,
-# each probe finds nothing. The sample takes at most SAMPLE_LIMIT rows per shard.
+# before any recent window. One range probe of schedule_due_idx per shard instead (its
+# partial predicate is repeated so that it applies); healthy, each probe finds nothing.
+# The count reads the index alone; the sample takes at most SAMPLE_LIMIT rows per shard.
 _LATE_SCHEDULES = """
     FROM generate_series(0, %(shards)s - 1) AS g(shard)
     CROSS JOIN LATERAL (
-        SELECT s.id, s.version, s.next_run_at, s.state
-        FROM schedules_due d JOIN schedules_schedule s ON s.id = d.schedule_id
-        WHERE d.shard = g.shard AND d.next_run_at < %(materialize_before)s
-          AND s.state = %(active)s AND s.next_run_at = d.next_run_at {tenant}
+        SELECT s.id, s.version, s.next_run_at, s.state FROM schedules_schedule s
+        WHERE s.shard = g.shard AND s.state = %(active)s AND s.next_run_at IS NOT NULL
+          AND s.next_run_at < %(materialize_before)s {tenant}
         {order_limit}
     ) AS late
 """
@@ -682,7 +681,7 @@ def _audit_stuck(
         late = cursor.fetchone()
         if late and late[0]:
             report.counts["unmaterialized"] = int(late[0])
-            per_shard = "ORDER BY d.next_run_at LIMIT %(limit)s"
+            per_shard = "ORDER BY s.next_run_at LIMIT %(limit)s"
             cursor.execute(
                 _LATE_SAMPLE_SQL.format(tenant=schedule_tenant, order_limit=per_shard), params
             )

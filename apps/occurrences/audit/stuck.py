@@ -10,7 +10,7 @@ What it measures (docs/operations.md explains each metric and its alert):
    queue's oldest-message age as seen from the database.
 3. Attempts RUNNING past lease + grace (through `attempt_open_lease_idx`).
 4. ACTIVE schedules whose next_run_at lies more than the bound in the past, and the
-   materialization lag, by one index probe per shard of the due cursor `schedules_due`.
+   materialization lag, by one index probe per shard of `schedule_due_idx`.
 5. RabbitMQ queue depth per lane (passive declares), when a broker URL is given.
 """
 
@@ -26,8 +26,10 @@ from django.db import connection
 
 from apps.occurrences.models import Occurrence
 from apps.occurrences.observability import metrics
+from apps.schedules.models import Schedule
 
 BUCKETS = (("1m", 60), ("5m", 300), ("15m", 900))
+_ACTIVE = Schedule.State.ACTIVE.value
 
 
 @dataclass
@@ -70,19 +72,21 @@ _RUNNING = """
     SELECT count(*) FROM occurrences_attempt
     WHERE finished_at IS NULL AND lease_expires_at < %(grace)s
 """
-# One probe of the due cursor `schedules_due` per shard (it holds the ACTIVE schedules with
-# an instant left: migration schedules 0010): the earliest next_run_at and the late count,
-# from the index alone.
-_SCHEDULES = """
+# One probe of schedule_due_idx per shard: the earliest next_run_at and the late count. The
+# state is spelled into the text, not passed as a parameter: the index is partial on
+# `state = 'ACTIVE'`, and a generic plan with `state = $1` could not use it.
+_SCHEDULES = f"""
     SELECT min(first.next_run_at), coalesce(sum(late.n), 0)
     FROM generate_series(0, %(shards)s - 1) AS g(shard)
     CROSS JOIN LATERAL (
-        SELECT next_run_at FROM schedules_due WHERE shard = g.shard
+        SELECT next_run_at FROM schedules_schedule
+        WHERE shard = g.shard AND state = '{_ACTIVE}' AND next_run_at IS NOT NULL
         ORDER BY next_run_at LIMIT 1
     ) AS first
     CROSS JOIN LATERAL (
-        SELECT count(*) AS n FROM schedules_due
-        WHERE shard = g.shard AND next_run_at < %(late)s
+        SELECT count(*) AS n FROM schedules_schedule
+        WHERE shard = g.shard AND state = '{_ACTIVE}' AND next_run_at IS NOT NULL
+          AND next_run_at < %(late)s
     ) AS late
 """
 

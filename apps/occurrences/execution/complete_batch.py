@@ -6,7 +6,9 @@ a time, so a short handler's completion is its own BEGIN, lease check, two updat
 COMMIT. Here a SUCCEEDED completion of a schedule whose overlap policy is ALLOW is queued in
 the process, and a flusher thread writes every queued one in one transaction every
 `TICK_COMPLETION_GROUP_MS` (at once when `TICK_COMPLETION_GROUP_MAX` are queued), with the
-same per-row fencing as complete.py:
+same per-row fencing as complete.py. Off by default (0): a single completion is now one
+statement, and a held success counts against its tenant's share until it is written
+(docs/decisions.md "Claim and completion in fewer round trips").
 
 a. lock the batch's attempts that still hold their lease (same token, unfinished), in id
    order — a member the reaper or a newer attempt took over is left alone (stale, counted);

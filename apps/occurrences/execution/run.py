@@ -130,7 +130,7 @@ def _ids(claim: Claim) -> dict[str, str]:
 def _complete(claim: Claim, error: BaseException | None) -> dict[str, Any]:
     """Step 3, retried through a database outage; an unrecordable result is left to the
     reaper (module docstring). In a pool process a success of an ALLOW schedule is queued for
-    the process's group commit instead (complete_batch.py)."""
+    the process's group commit instead when it is on (complete_batch.py)."""
     ctx = claim.context
     assert ctx is not None
     if in_pool_process() and groupable(claim, error):

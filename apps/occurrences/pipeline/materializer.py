@@ -4,7 +4,7 @@
 One batch, one transaction (`materialize_batch`):
 1. Fence: lock this process's shard leases FOR SHARE and keep only those still held.
 2. Claim up to `batch_size` ACTIVE schedules of those shards with `next_run_at` inside the
-   planning window, `FOR UPDATE SKIP LOCKED` through the due cursor `schedules_due`.
+   planning window, `FOR UPDATE SKIP LOCKED` through `schedule_due_idx`.
 3. Compute each schedule's instants in [next_run_at, horizon] with timerules (memoised per
    rule), apply the misfire policy to instants older than now - max_lateness.
 4. One statement inserts the occurrences (`ON CONFLICT DO NOTHING` on the unique instant)
@@ -219,25 +219,23 @@ def _plan(row: _Row, now: datetime, horizon: datetime, config: MaterializeConfig
     return _Plan(fire, missed, missed_total, missed_exact, next_run_at)
 
 
-# The due cursor `schedules_due` (migration schedules 0010) holds the ACTIVE schedules with an
-# instant left, under one index (shard, next_run_at, schedule_id); the schedule row is
-# fetched by its key and locked. The join's `s.next_run_at = d.next_run_at` is re-checked on
-# a row another batch advanced meanwhile (PostgreSQL re-evaluates a locked row's conditions),
-# so a stale cursor entry claims nothing.
+# The state test is spelled into the text, not passed as a parameter: schedule_due_idx is
+# partial on `state = 'ACTIVE'`, and PostgreSQL uses a partial index only when the planned
+# query's WHERE implies its predicate (a generic plan with `state = $1` would not).
 # No ORDER BY: with `shard = ANY(…)` PostgreSQL 15 cannot return the index's rows in
 # next_run_at order, so an ORDER BY fetches and sorts every due row for each batch (a 500k
 # burst: 250 batches x up to 500k rows). Without it the index is read shard after shard,
 # oldest first within each, and stops at the limit. Across shards, `_claim_due` takes the
 # instants nearest first by asking for them in two time ranges.
 SELECT_DUE = f"""
-    SELECT s.id, s.tenant_id, s.kind, s.expression, s.time_zone, s.dst_gap, s.dst_fold,
-           s.version, s.next_run_at, s.precision, s.flexible_window_s, s.misfire_policy,
-           s.max_lateness_s, s.catchup_limit, s.end_at, s.shard, s.interval_s, s.start_at
-    FROM schedules_due d JOIN schedules_schedule s ON s.id = d.schedule_id
-    WHERE d.shard = ANY(%(shards)s) AND d.next_run_at > %(after)s AND d.next_run_at <= %(until)s
-      AND s.state = '{Schedule.State.ACTIVE.value}' AND s.next_run_at = d.next_run_at
+    SELECT id, tenant_id, kind, expression, time_zone, dst_gap, dst_fold, version, next_run_at,
+           precision, flexible_window_s, misfire_policy, max_lateness_s, catchup_limit, end_at,
+           shard, interval_s, start_at
+    FROM schedules_schedule
+    WHERE state = '{Schedule.State.ACTIVE.value}' AND next_run_at IS NOT NULL
+      AND shard = ANY(%(shards)s) AND next_run_at > %(after)s AND next_run_at <= %(until)s
     LIMIT %(limit)s
-    FOR UPDATE OF s SKIP LOCKED
+    FOR UPDATE SKIP LOCKED
 """
 # `_claim_due`'s first range: instants up to this far past the pass's clock come first.
 URGENT_RANGE = timedelta(seconds=10)

@@ -1,7 +1,6 @@
-"""The schedule table's indexes: every non-HOT update of a schedule row writes an entry into
-each one, so none may be redundant (docs/decisions.md "Fewer schedule index writes"); the
-advance of next_run_at is HOT since the due cursor (apps/occurrences/tests/pipeline/
-test_due_cursor.py)."""
+"""The schedule table's indexes: each advance of next_run_at (a non-HOT update, next_run_at
+being indexed) writes an entry into every one, so none may be redundant
+(docs/decisions.md "Fewer schedule index writes")."""
 
 from __future__ import annotations
 

@@ -8,6 +8,7 @@ import uuid
 from datetime import timedelta
 
 import pytest
+from django.contrib.messages import get_messages
 from django.utils import timezone
 
 from apps.occurrences.alerts.dispatch import group_pending
@@ -90,14 +91,22 @@ def test_enable_disable_and_delete(client, alice, tenant_a):
     r = rule(ch)
     client.force_login(alice)
 
-    client.post(f"/alerts/rules/{r.id}/toggle/")
-    client.post(f"/alerts/channels/{ch.id}/toggle/")
+    said = [
+        [str(m) for m in get_messages(client.post(url).wsgi_request)][-1]  # not yet shown
+        for url in (
+            f"/alerts/rules/{r.id}/toggle/",
+            f"/alerts/channels/{ch.id}/toggle/",
+            f"/alerts/channels/{ch.id}/toggle/",
+        )
+    ]
     r.refresh_from_db()
     ch.refresh_from_db()
-    assert (r.enabled, ch.enabled) == (False, False)
-    client.post(f"/alerts/channels/{ch.id}/toggle/")
-    ch.refresh_from_db()
-    assert ch.enabled
+    assert (r.enabled, ch.enabled) == (False, True)
+    assert said == [
+        f"Rule {r.get_event_display()} disabled.",
+        "Channel “ops@example.com” disabled: its rules record nothing.",
+        "Channel “ops@example.com” enabled.",
+    ]
 
     client.post(f"/alerts/rules/{r.id}/delete/")
     assert not AlertRule.objects.exists()

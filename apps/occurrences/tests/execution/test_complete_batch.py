@@ -28,6 +28,13 @@ from apps.schedules.tests.factories import make_schedule
 pytestmark = pytest.mark.django_db
 
 
+@pytest.fixture(autouse=True)
+def _grouping_on(settings):
+    # Off by default (docs/decisions.md "Claim and completion in fewer round trips"); these
+    # tests are about the group, so it is on unless a test turns it off.
+    settings.TICK_COMPLETION_GROUP_MS = 50
+
+
 def _occurrences(tenant, count: int, **schedule_fields) -> list[Occurrence]:
     run_at = timezone.now() - timedelta(seconds=1)
     for n in range(count):
