@@ -16,10 +16,10 @@ c. The occurrence update is conditional on (RUNNING, same attempt_count); a miss
 d. A QUEUE_ONE completion then takes the SCHEDULE advisory lock — the one every claim of the
    schedule holds at its overlap step (claim.py, b) — and wakes the oldest WAITING occurrence
    with an outbox row due now.
-A success, a cancel or a permanent failure reads nothing between a and c: a and c are then
-one statement (`_RECORD_HELD`, same lock order and fencing), and a success or cancel of a
-schedule other than QUEUE_ONE, with nothing more to write, runs it without a transaction
-of its own (docs/decisions.md "Claim and completion in fewer round trips").
+A success, a cancel or a permanent failure is decided without reading anything (b needs no
+lock). A success or cancel of a schedule other than QUEUE_ONE has nothing more to write: a
+and c are then one statement (`_RECORD_HELD`, same lock order and fencing) without a
+transaction of its own (docs/decisions.md "Claim and completion in fewer round trips").
 """
 
 from __future__ import annotations
@@ -93,7 +93,11 @@ def attempt_complete(
             if not _lock_leased_attempt(cursor, claim):
                 metrics.stale_completions.inc()
                 return None
-            decision = _decide(cursor, claim=claim, error=error, now=now, rng=rng or _rng)
+            if decision is None:
+                assert error is not None  # a success is always decided without reads
+                decision = _retry_or_dead(
+                    cursor, claim=claim, error=error, now=now, rng=rng or _rng
+                )
             if not _record(cursor, claim=claim, decision=decision, now=now):
                 metrics.stale_completions.inc()
                 transaction.set_rollback(True)
@@ -189,20 +193,16 @@ def _decision_without_reads(*, claim: Claim, error: BaseException | None) -> _De
     return None
 
 
-def _decide(
+def _retry_or_dead(
     cursor: CursorWrapper,
     *,
     claim: Claim,
-    error: BaseException | None,
+    error: BaseException,
     now: datetime,
     rng: random.Random,
 ) -> _Decision:
-    """Step b: the attempt's outcome and the occurrence's next state."""
-    assert claim.context is not None
-    decided = _decision_without_reads(claim=claim, error=error)
-    if decided is not None or error is None:
-        assert decided is not None
-        return decided
+    """Step b for a failure `_decision_without_reads` left open: a retry when the policy and
+    the retry budget allow one, else DEAD (reads and spends the budget, under the lock)."""
     error_class, error_message = type(error).__qualname__, str(error)[:4000]
     timed_out = isinstance(error, DeadlineExceeded)
     refused, retry_at = _retry_decision(cursor, claim=claim, error=error, now=now, rng=rng)
@@ -246,14 +246,14 @@ _RECORD_HELD = """
 def _record_held(
     cursor: CursorWrapper, *, claim: Claim, decision: _Decision, now: datetime
 ) -> bool:
-    """Steps a and c as `_RECORD_HELD`; False = stale (nothing written)."""
+    """Steps a and c as `_RECORD_HELD` for a final state (success or cancel); False = stale
+    (nothing written)."""
     assert claim.context is not None
     ctx = claim.context
     cursor.execute(_RECORD_HELD, {
         "attempt": claim.attempt_id, "at": ctx.scheduled_for, "token": claim.lease_token,
         "id": ctx.occurrence_id, "state": decision.state, "running": Occurrence.State.RUNNING,
-        "finished_at": None if decision.state == Occurrence.State.RETRY_WAIT else now,
-        "attempt_no": ctx.attempt_no, "now": now, "outcome": decision.outcome,
+        "finished_at": now, "attempt_no": ctx.attempt_no, "now": now, "outcome": decision.outcome,
         "error_class": decision.error_class, "error_message": decision.error_message,
     })  # fmt: skip
     found = cursor.fetchone()
