@@ -59,3 +59,10 @@ def test_label_filter_uses_the_partial_labels_index():
     assert "schedule_labels_idx" in _plan(by_labels.exclude(labels={}))
     assert "schedule_labels_idx" not in _plan(by_labels)
     assert [s.labels for s in queryset] == [{"team": "a"}]
+
+
+def test_schedule_pages_keep_room_for_an_advanced_row():
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT reloptions FROM pg_class WHERE oid = 'schedules_schedule'::regclass")
+        row = cursor.fetchone()
+    assert row is not None and row[0] == ["fillfactor=80"]
