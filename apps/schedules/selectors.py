@@ -53,4 +53,8 @@ def schedules_filtered(
         queryset = queryset.filter(name__icontains=q)
     for key, value in label or ():
         queryset = queryset.filter(labels__contains={key: value})
+    if label:
+        # Implied by any pair, and the predicate of the partial schedule_labels_idx: without
+        # it the planner cannot use the index.
+        queryset = queryset.exclude(labels={})
     return queryset

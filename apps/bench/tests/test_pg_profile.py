@@ -30,6 +30,7 @@ def _normalised(statement: str) -> str:
 def test_tick_s_own_statements_are_counted_in_their_phase():
     assert phase_of(materializer.SELECT_DUE) == Phase.MATERIALIZE
     assert phase_of(materializer._INSERT_OCCURRENCES) == Phase.MATERIALIZE
+    assert phase_of(materializer._INSERT_NEW_OCCURRENCES) == Phase.MATERIALIZE
     assert phase_of(materializer._ADVANCE) == Phase.MATERIALIZE
     assert phase_of(relay._RECORD) == Phase.RELAY
     assert phase_of("INSERT INTO occurrences_attempt (id) VALUES ($1)") == Phase.CLAIM

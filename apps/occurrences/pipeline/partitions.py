@@ -64,9 +64,11 @@ def partitions_ensure(days: Iterable[date]) -> list[str]:
 
 # Free space left in each page of an occurrence partition, so that the relay's record and the
 # claim (which change no indexed column) can write the new row version into the same page: a
-# HOT update, no new index entries (docs/decisions.md "PostgreSQL work per occurrence").
-# Attempts gain nothing: each of their updates changes an indexed column.
-PARTITION_FILLFACTOR = {"occurrences_occurrence": 65}
+# HOT update, no new index entries (docs/decisions.md "PostgreSQL work per occurrence"). Half
+# of each page: an occurrence is written three times (record, claim, completion) before
+# vacuum frees the old versions (docs/decisions.md "Delivery path: fewer writes per
+# occurrence"). Attempts gain nothing: each of their updates changes an indexed column.
+PARTITION_FILLFACTOR = {"occurrences_occurrence": 50}
 
 
 def _storage(table: str) -> str:

@@ -44,7 +44,7 @@ def test_recording_and_claiming_are_hot_updates():
     with connection.cursor() as cursor:
         cursor.execute("SELECT reloptions FROM pg_class WHERE oid = %s::regclass", [partition])
         options = cursor.fetchone()
-    assert options is not None and "fillfactor=65" in (options[0] or [])
+    assert options is not None and "fillfactor=50" in (options[0] or [])
     hot_before, all_before = _hot_and_all_updates(partition)
     confirmed = timezone.now()
     with transaction.atomic(), connection.cursor() as cursor:

@@ -201,8 +201,9 @@ def test_batch_query_count_does_not_grow_with_schedules(tenant_a):
         result = materialize_pass(leases=lease_set, now=NOW, config=materialize_config())
 
     assert result.schedules == 30
-    # fence + select + insert + advance per batch, plus the savepoint bookkeeping
-    assert len(queries) <= 8, [q["sql"][:80] for q in queries]
+    # fence + select + insert + advance per batch, plus the savepoint bookkeeping (the
+    # pass's own and the insert's, which a conflict would undo)
+    assert len(queries) <= 10, [q["sql"][:80] for q in queries]
 
 
 @pytest.mark.parametrize(
