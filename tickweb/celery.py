@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import os
+import time
 from typing import TYPE_CHECKING, Any
 
 from celery import Celery, signals
@@ -34,9 +36,33 @@ def _declare_queues(sender: Celery, **_: object) -> None:
 def _close_old_connections(**_: object) -> None:
     """After each task, what Django does after each request: close a connection that is
     older than CONN_MAX_AGE or unusable after an error (settings.CELERY_DB_REUSE_MAX)."""
+    global _last_task_end
     from django.db import close_old_connections
 
     close_old_connections()
+    _last_task_end = time.monotonic()
+
+
+# A connection that served a task less than this long ago is not health-checked before the
+# next one (Django's CONN_HEALTH_CHECKS would send `SELECT 1` before every task's first
+# statement). Under load that is a round trip per occurrence that finds nothing the claim
+# would not: the claim and the completion ride out a broken connection themselves (dropped
+# and retried, apps/occurrences/pipeline/outages.py). An idle connection, the one a restart
+# or an idle timeout ends, is still checked (docs/decisions.md "Workers keep their database
+# connection").
+HEALTH_CHECK_AFTER_IDLE_S = 1.0
+_last_task_end = -math.inf
+
+
+@signals.task_prerun.connect
+def _skip_health_check_when_busy(**_: object) -> None:
+    from django.db import connection
+
+    if (
+        connection.connection is not None
+        and time.monotonic() - _last_task_end < HEALTH_CHECK_AFTER_IDLE_S
+    ):
+        connection.health_check_done = True  # type: ignore[attr-defined]
 
 
 # --- observability ----------------------------------------------------------------------

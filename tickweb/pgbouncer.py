@@ -179,11 +179,16 @@ def django_through_pgbouncer(pool_size: int) -> Iterator[PrivatePgBouncer]:
     )
     bouncer = PrivatePgBouncer(url, pool_size=pool_size, users=("tick_web",))
     bouncer.start()
-    keys = ("HOST", "PORT", "DISABLE_SERVER_SIDE_CURSORS")
+    keys = ("HOST", "PORT", "DISABLE_SERVER_SIDE_CURSORS", "OPTIONS")
     saved = {key: settings_dict.get(key) for key in keys}
     connections.close_all()
     # Threads' connections share this dict (Django's ConnectionHandler hands it to each).
-    settings_dict.update(HOST="127.0.0.1", PORT=str(bouncer.port), DISABLE_SERVER_SIDE_CURSORS=True)
+    # What DATABASE_POOLER=transaction sets (tickweb/settings.py): no server-side cursors and
+    # no prepared statements.
+    settings_dict.update(
+        HOST="127.0.0.1", PORT=str(bouncer.port), DISABLE_SERVER_SIDE_CURSORS=True,
+        OPTIONS={**(saved["OPTIONS"] or {}), "prepare_threshold": None},
+    )  # fmt: skip
     try:
         yield bouncer
     finally:

@@ -173,12 +173,17 @@ DATABASES = {
 # outlive a transaction. Django's server-side cursors (`.iterator()`) would be declared in
 # one transaction and fetched in another, and psycopg's automatic prepared statements live
 # on a server connection PgBouncer 1.18 hands to others (docs/decisions.md "PgBouncer").
+# Connected directly, the worker's per-occurrence statements are prepared on the connection
+# (apps/occurrences/execution/statements.py; every other statement is still bound
+# client-side by Django, which never prepares); behind the pooler nothing is.
 DATABASE_POOLER = env_str("DATABASE_POOLER", "")
 if DATABASE_POOLER == "transaction":
     DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
     DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = None
 elif DATABASE_POOLER:
     raise ImproperlyConfigured("DATABASE_POOLER must be 'transaction' or empty")
+else:
+    DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = 5
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # Row-level security (docs/decisions.md "Row-level security", apps/tenants/rls.py): web
 # requests run as this role, which the tenant policies restrict; the migrations create it if

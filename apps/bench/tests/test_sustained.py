@@ -18,6 +18,7 @@ from apps.bench.sustained import (
     LaneFigures,
     MinuteRow,
     MinuteSamples,
+    OutboxDepth,
     Reading,
     SpreadPlan,
     StoredFigures,
@@ -26,10 +27,12 @@ from apps.bench.sustained import (
     judge,
     minute_rows,
     minute_samples,
+    outbox_depth,
     report_json,
+    start_lag_verdict,
     stored_figures,
 )
-from apps.occurrences.models import Lane, Occurrence
+from apps.occurrences.models import DispatchOutbox, Lane, Occurrence
 from apps.occurrences.pipeline.partitions import partitions_ensure
 from apps.occurrences.tests.support.rows import schedule
 from apps.schedules import timerules
@@ -163,45 +166,96 @@ def _reading(cpu: float, partitions: set[str]) -> Reading:
     return Reading({"relay": cpu, "postgresql": 2 * cpu}, "0/0", int(cpu * 100), 0, partitions)
 
 
+@pytest.mark.django_db
+def test_outbox_depth_reports_how_long_the_oldest_due_row_has_waited():
+    # given: a row due 30 s ago, one due 3 s ago, one due in a minute, and a parked one older
+    # than all of them
+    now = timezone.now()
+
+    def row(available_at: datetime, *, parked: bool = False) -> None:
+        DispatchOutbox.objects.create(
+            occurrence_id=uuid.uuid4(), scheduled_for=available_at, schedule_id=uuid.uuid4(),
+            schedule_version=1, tenant_id=uuid.uuid4(), shard=0, lane=Lane.STRICT,
+            available_at=available_at, created_at=now, parked_at=now if parked else None,
+        )  # fmt: skip
+
+    row(now - timedelta(seconds=30))
+    row(now - timedelta(seconds=3))
+    row(now + timedelta(minutes=1))
+    row(now - timedelta(hours=1), parked=True)
+
+    depth = outbox_depth()
+
+    # then: parked rows are not the relay's; the oldest due one waited 30 s (plus the time
+    # since `now`)
+    assert (depth.rows, depth.overdue) == (3, 2)
+    assert 30.0 <= depth.oldest_due_s < 40.0
+
+
+@pytest.mark.django_db
+def test_an_outbox_without_due_rows_is_not_late():
+    assert outbox_depth() == OutboxDepth(0, 0, 0.0)
+
+
 def test_minute_samples_diff_two_readings():
     before = _reading(1.0, {"occurrences_occurrence_p20260104", "occurrences_occurrence_p20260105"})
     after = _reading(3.5, {"occurrences_occurrence_p20260105", "occurrences_occurrence_p20260106"})
-    sample = minute_samples(before, after, [(10, 0), (40, 7), (25, 2)], wal_bytes=4096)
+    depths = [OutboxDepth(10, 0, 0.0), OutboxDepth(40, 7, 3.25), OutboxDepth(25, 2, 1.5)]
+    sample = minute_samples(before, after, depths, wal_bytes=4096)
     assert sample.cpu_s == {"postgresql": 5.0, "relay": 2.5}
     assert sample.partitions_created == ["occurrences_occurrence_p20260106"]
     assert sample.partitions_dropped == ["occurrences_occurrence_p20260104"]
     assert (sample.outbox_max, sample.outbox_last, sample.due_backlog_max) == (40, 25, 7)
+    assert sample.oldest_due_s_max == 3.25
     assert sample.occurrence_growth_bytes == 250 and sample.wal_bytes == 4096
 
 
-def _samples(due_backlog_max: int) -> MinuteSamples:
-    return MinuteSamples({}, 0, 0, 0, [], [], 0, 0, due_backlog_max)
+def _samples(oldest_due_s: float) -> MinuteSamples:
+    return MinuteSamples({}, 0, 0, 0, [], [], 0, 0, 0, oldest_due_s)
 
 
-def _minute_rows(p99s: list[float], backlogs: list[int], **strict: LaneFigures) -> list[MinuteRow]:
+def _minute_rows(
+    p99s: list[float], oldest_due_s: list[float], **strict: LaneFigures
+) -> list[MinuteRow]:
     figures = StoredFigures()
     for n, p99 in enumerate(p99s):
         lanes: dict[str, LaneFigures] = {
             Lane.STRICT: LaneFigures(count=100, enqueued=100, p99_s=p99)
         }
         figures.minutes[START + timedelta(minutes=n)] = lanes
-    return minute_rows(START, len(p99s), figures, [_samples(b) for b in backlogs])
+    return minute_rows(START, len(p99s), figures, [_samples(b) for b in oldest_due_s])
 
 
 def test_a_steady_run_held():
-    assert judge(_minute_rows([0.5, 4.9, 1.0], [200, 10, 200]), per_minute=6000, missing=0) == []
+    assert judge(_minute_rows([0.5, 4.9, 1.0], [1.2, 0.4, 10.0]), missing=0) == []
+
+
+def test_a_steady_backlog_of_a_second_holds_at_any_rate():
+    # A low rate's steady backlog: about a second's rows due, each for about a second; a
+    # count judged against one second's occurrences (30 at 1,800 a minute) read it as not held.
+    rows = _minute_rows([0.5] * 10, [1.1] * 10)
+    for row in rows:
+        row.due_backlog_max = 62
+    assert judge(rows, missing=0) == []
+
+
+def test_a_start_lag_past_ten_seconds_breaks_the_hold():
+    assert start_lag_verdict(None) == "" and start_lag_verdict(10.0) == ""
+    assert start_lag_verdict(10.2) == "start lag p99 10.2 s > 10.0 s"
 
 
 def test_one_slow_minute_breaks_the_hold():
-    reasons = judge(_minute_rows([0.5, 5.2, 1.0], [0, 0, 0]), per_minute=6000, missing=0)
+    reasons = judge(_minute_rows([0.5, 5.2, 1.0], [0, 0, 0]), missing=0)
     assert len(reasons) == 1 and "strict p99 5.2" in reasons[0]
 
 
-def test_a_growing_backlog_early_and_missing_rows_break_the_hold():
-    rows = _minute_rows([0.5, 0.5, 0.5], [50, 400, 900])
+def test_a_late_outbox_row_early_and_missing_rows_break_the_hold():
+    rows = _minute_rows([0.5, 0.5, 0.5], [0.5, 10.5, 0.5])
     rows[1].early = 2
-    reasons = judge(rows, per_minute=6000, missing=3)
-    assert any("backlog grew" in r for r in reasons)
+    reasons = judge(rows, missing=3)
+    assert [r for r in reasons if "relay behind" in r] == [
+        f"{rows[1].minute}: an outbox row due 10.5 s ago > 10.0 s (relay behind)"
+    ]
     assert "2 enqueued early" in reasons and "3 missing (reconcile)" in reasons
 
 
@@ -209,7 +263,7 @@ def test_unenqueued_strict_rows_and_late_materialization_break_the_hold():
     rows = _minute_rows([0.5, 0.5], [0, 0])
     rows[0].strict_enqueued = 98
     rows[1].materialized_late = 5
-    reasons = judge(rows, per_minute=6000, missing=0)
+    reasons = judge(rows, missing=0)
     assert len(reasons) == 2
     assert "2 strict not enqueued" in reasons[0] and "5 materialized after due" in reasons[1]
 

@@ -70,6 +70,7 @@ from apps.occurrences.execution.presence import (
 )
 from apps.occurrences.execution.registry import handler_spec
 from apps.occurrences.execution.requeue import OutboxTarget, requeue_through_outbox
+from apps.occurrences.execution.statements import execute_prepared
 from apps.occurrences.misfire import misfire_judge
 from apps.occurrences.models import Attempt, Lane, Occurrence
 from apps.occurrences.observability import metrics
@@ -238,13 +239,12 @@ def _lock_row(
     cursor: CursorWrapper, occurrence_id: uuid.UUID, scheduled_for: datetime, now: datetime
 ) -> _ClaimRow | None:
     """Step a's lock (and the tenant lock when it can be taken now, `_LOCK_ROW`)."""
-    cursor.execute(_LOCK_ROW, {
+    found = execute_prepared(cursor, _LOCK_ROW, {
         "id": occurrence_id, "at": scheduled_for, "now": now,
         "scheduled": Occurrence.State.SCHEDULED, "enqueued": Occurrence.State.ENQUEUED,
         "allow": Schedule.OverlapPolicy.ALLOW, "canceled": Schedule.State.CANCELED,
         "origin_scheduled": Occurrence.Origin.SCHEDULED,
-    })  # fmt: skip
-    found = cursor.fetchone()
+    }).fetchone()  # fmt: skip
     return None if found is None else _ClaimRow(occurrence_id, scheduled_for, *found)
 
 
@@ -574,14 +574,14 @@ def _open_attempt(
     opened)."""
     attempt_no = row.attempt_count + 1
     attempt_id, lease_token = uuid.uuid4(), uuid.uuid4()
-    cursor.execute(_OPEN_ATTEMPT, {
+    opened = execute_prepared(cursor, _OPEN_ATTEMPT, {
         "tenant": row.tenant_id, "attempt": attempt_id, "at": row.scheduled_for,
         "id": row.occurrence_id, "attempt_no": attempt_no, "token": lease_token,
         "expires": now + timedelta(seconds=settings.TICK_ATTEMPT_LEASE_S),
         "worker": worker_id[:200], "now": now, "below": below,
         "running_state": Occurrence.State.RUNNING,
     })  # fmt: skip
-    running, lane, available_at = cursor.fetchone()
+    running, lane, available_at = opened.fetchone()
     if lane is None:
         return int(running), None
     _observe_start(row, now, lane=lane, available_at=available_at)

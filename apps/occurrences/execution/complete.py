@@ -51,6 +51,7 @@ from apps.occurrences.execution.retry_bounds import (
     deadline_refusal,
     spend_retry_budget,
 )
+from apps.occurrences.execution.statements import execute_prepared
 from apps.occurrences.models import Attempt, Occurrence
 from apps.occurrences.observability import metrics
 from apps.schedules.models import Schedule
@@ -250,13 +251,12 @@ def _record_held(
     (nothing written)."""
     assert claim.context is not None
     ctx = claim.context
-    cursor.execute(_RECORD_HELD, {
+    found = execute_prepared(cursor, _RECORD_HELD, {
         "attempt": claim.attempt_id, "at": ctx.scheduled_for, "token": claim.lease_token,
         "id": ctx.occurrence_id, "state": decision.state, "running": Occurrence.State.RUNNING,
         "finished_at": now, "attempt_no": ctx.attempt_no, "now": now, "outcome": decision.outcome,
         "error_class": decision.error_class, "error_message": decision.error_message,
-    })  # fmt: skip
-    found = cursor.fetchone()
+    }).fetchone()  # fmt: skip
     return bool(found and found[0])
 
 

@@ -11,12 +11,16 @@ lease every lease/3 with one conditional UPDATE of the attempt row (same token, 
   lost lease (the work is no longer this worker's), sets `ctx.cancel_requested`.
 The same thread keeps the attempt's run-time limit (deadlines.py): the cancel event at the
 limit, no renewal past limit + grace, and then the hard stop run.py hands it.
+The threads are kept: one that finished its attempt waits, idle, for the process's next one
+(a pool process runs one attempt at a time, so it keeps one thread). Starting a thread per
+attempt cost about as much CPU as a noop handler's whole task in bare Celery.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import queue
 import threading
 import time
 from collections.abc import Callable
@@ -63,29 +67,71 @@ def attempt_heartbeat(*, claim: Claim) -> Beat:
     return Beat(lease_held=True, cancel_requested=bool(row[0]))
 
 
-class LeaseHeartbeat(threading.Thread):
+class _Keeper(threading.Thread):
+    """A kept heartbeat thread: runs one LeaseHeartbeat at a time, then waits idle."""
+
+    _idle: list[_Keeper] = []
+    _idle_lock = threading.Lock()
+
+    def __init__(self) -> None:
+        super().__init__(name="tick-heartbeat", daemon=True)
+        self._jobs: queue.SimpleQueue[LeaseHeartbeat] = queue.SimpleQueue()
+
+    @classmethod
+    def run_job(cls, job: LeaseHeartbeat) -> None:
+        with cls._idle_lock:
+            keeper = cls._idle.pop() if cls._idle else None
+            # A thread listed before a fork does not exist in the child.
+            while keeper is not None and not keeper.is_alive():
+                keeper = cls._idle.pop() if cls._idle else None
+        if keeper is None:
+            keeper = cls()
+            keeper.start()
+        keeper._jobs.put(job)
+
+    def run(self) -> None:
+        while True:
+            job = self._jobs.get()
+            try:
+                job.run()
+            except Exception:  # noqa: BLE001 - as an uncaught error ends a thread: logged
+                log.exception("heartbeat of %s failed", job.claim.attempt_id)
+            finally:
+                with self._idle_lock:
+                    self._idle.append(self)
+                job.done.set()
+
+
+class LeaseHeartbeat:
     """Renews a running attempt's lease every lease/3 until `stopped` is set, and keeps the
     attempt's run-time limit (`ctx.timeout_s`, deadlines.py): at the limit it sets the cancel
     event and `deadline_passed`; at limit + grace it stops renewing and, if the handler has
-    not returned, calls `on_hard_limit`."""
+    not returned, calls `on_hard_limit`. `start` hands it to a kept thread (module
+    docstring), `join` waits until that thread is done with it."""
 
     def __init__(self, claim: Claim, *, on_hard_limit: Callable[[], None]) -> None:
-        super().__init__(name="tick-heartbeat", daemon=True)
         assert claim.context is not None
         self.claim = claim
         self.on_hard_limit = on_hard_limit
         self.stopped = threading.Event()
         self.deadline_passed = threading.Event()
+        self.done = threading.Event()
         timeout_s = claim.context.timeout_s
         # Monotonic instants, counted from now: the handler starts right after construction.
         self._limit = math.inf if timeout_s is None else time.monotonic() + timeout_s
         self._hard_limit = self._limit + settings.TICK_HANDLER_TIMEOUT_GRACE_S
 
+    def start(self) -> None:
+        _Keeper.run_job(self)
+
+    def join(self, timeout: float | None = None) -> None:
+        self.done.wait(timeout)
+
     def run(self) -> None:
         try:
             self._keep()
         finally:
-            connection.close()  # this thread's own connection
+            connection.close()  # the kept thread's own connection, if a beat opened one
 
     def _keep(self) -> None:
         interval = settings.TICK_ATTEMPT_LEASE_S / 3

@@ -67,11 +67,15 @@ class Backoff:
         self.base_s = base_s
         self.cap_s = cap_s
         self.failures = 0
-        self._rng = random.Random()  # noqa: S311 - jitter, not security
+        # Seeded on the first failure: a worker makes two of these per occurrence, and
+        # seeding reads the OS's entropy.
+        self._rng: random.Random | None = None
 
     def next_delay(self) -> float:
         self.failures += 1
         ceiling = min(self.cap_s, self.base_s * 2 ** min(self.failures, 16))
+        if self._rng is None:
+            self._rng = random.Random()  # noqa: S311 - jitter, not security
         return self._rng.uniform(ceiling / 2, ceiling)
 
     def reset(self) -> None:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import random
+import threading
 from datetime import timedelta
+from unittest import mock
 
 import pytest
 from django.conf import settings
@@ -12,7 +14,7 @@ from django.utils import timezone
 
 from apps.occurrences.execution.claim import ClaimStatus, occurrence_claim
 from apps.occurrences.execution.complete import attempt_complete, retry_delay
-from apps.occurrences.execution.heartbeat import attempt_heartbeat
+from apps.occurrences.execution.heartbeat import LeaseHeartbeat, attempt_heartbeat
 from apps.occurrences.execution.reaper import attempts_reap
 from apps.occurrences.execution.run import occurrence_execute
 from apps.occurrences.models import Attempt, DispatchOutbox, HandlerEffect, Lane, Occurrence
@@ -210,3 +212,26 @@ def test_heartbeat_extends_the_lease_until_the_attempt_is_reaped(tenant_a):
 
     attempts_reap(now=extended + timedelta(seconds=11), grace_s=10)
     assert attempt_heartbeat(claim=claim).lease_held is False
+
+
+def test_consecutive_runs_share_one_kept_heartbeat_thread(tenant_a):
+    # given: two occurrences run one after the other, as a pool process runs them
+    first = _occurrence(tenant_a)
+    ran_on: list[threading.Thread] = []
+    run = LeaseHeartbeat.run
+
+    def recorded_run(self: LeaseHeartbeat) -> None:
+        ran_on.append(threading.current_thread())
+        run(self)
+
+    with mock.patch.object(LeaseHeartbeat, "run", recorded_run):
+        occurrence_execute(occurrence_id=first.id, scheduled_for=first.scheduled_for, worker_id="w")
+        Occurrence.objects.all().delete()
+        second = _occurrence(tenant_a)
+        occurrence_execute(occurrence_id=second.id, scheduled_for=second.scheduled_for,
+                           worker_id="w")  # fmt: skip
+
+    # then: both succeeded, each under a heartbeat, and the same kept thread ran both
+    assert Occurrence.objects.get(id=second.id).state == Occurrence.State.SUCCEEDED
+    # (the thread objects, not their idents, which the OS may reuse)
+    assert len(ran_on) == 2 and ran_on[0] is ran_on[1] is not threading.current_thread()

@@ -11,7 +11,13 @@ import pytest
 from celery.fixups.django import DjangoWorkerFixup  # type: ignore[attr-defined]
 from django.db import connection
 
-from tickweb.celery import _close_old_connections, app
+import tickweb.celery
+from tickweb.celery import (
+    HEALTH_CHECK_AFTER_IDLE_S,
+    _close_old_connections,
+    _skip_health_check_when_busy,
+    app,
+)
 
 
 def _task() -> SimpleNamespace:
@@ -40,3 +46,50 @@ def test_a_connection_past_its_age_is_closed_after_a_task():
     connection.close_at = time.monotonic() - 1
     _close_old_connections()
     assert connection.connection is None
+
+
+def _count_health_checks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    checks: list[int] = []
+    usable = connection.is_usable
+
+    def counted() -> bool:
+        checks.append(1)
+        return usable()
+
+    monkeypatch.setattr(connection, "is_usable", counted)
+    return checks
+
+
+def _next_task_uses_the_database() -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 2")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_connection_busy_from_task_to_task_is_not_health_checked(monkeypatch):
+    # given: a task just ended on a healthy connection
+    connection.ensure_connection()
+    checks = _count_health_checks(monkeypatch)
+    _close_old_connections()
+
+    # when: the next task starts at once and runs a statement
+    _skip_health_check_when_busy()
+    _next_task_uses_the_database()
+
+    # then: no `SELECT 1` before it
+    assert checks == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_connection_idle_between_tasks_is_health_checked(monkeypatch):
+    connection.ensure_connection()
+    checks = _count_health_checks(monkeypatch)
+    _close_old_connections()
+    monkeypatch.setattr(
+        tickweb.celery, "_last_task_end", tickweb.celery._last_task_end - HEALTH_CHECK_AFTER_IDLE_S
+    )
+
+    _skip_health_check_when_busy()
+    _next_task_uses_the_database()
+
+    assert checks == [1]

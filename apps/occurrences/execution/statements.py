@@ -1,0 +1,56 @@
+"""The worker's per-occurrence statements as server-side prepared statements.
+
+A claim runs two statements and a completion one for every occurrence (claim.py `_LOCK_ROW`
+and `_OPEN_ATTEMPT`, complete.py `_RECORD_HELD`). Bound client-side, as Django binds every
+statement, PostgreSQL parses, analyzes and plans each of them afresh on every execution,
+against partitioned tables; that, not the rows they touch, was most of their CPU
+(docs/performance.md "Execution path under sustained load"). Here they are executed with
+server-side binding and prepared on the connection the first time (psycopg's statement
+cache, per connection), so later executions skip the parse and reuse or re-plan the plan.
+
+Only where prepared statements can live: a connection behind a transaction-mode pooler has
+`prepare_threshold=None` (tickweb/settings.py `DATABASE_POOLER`: PgBouncer 1.18 does not keep
+a statement prepared on one server connection for the next client, docs/decisions.md
+"PgBouncer in transaction mode, prepared statements off"); there the statement runs as any
+other, bound client-side. So does it while execute wrappers are installed (none are on the
+worker's connections) so that nothing they add is skipped.
+
+The statement runs on the connection's own session and transaction; errors are Django's
+(`OperationalError` for an outage, which the callers ride out), and a debug cursor logs it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import psycopg
+from django.db.backends.utils import CursorWrapper
+
+
+def prepared(cursor: CursorWrapper) -> bool:
+    """Whether statements on this cursor's connection are prepared (module docstring)."""
+    db = cursor.db
+    raw = db.connection
+    return (
+        raw is not None
+        and getattr(raw, "prepare_threshold", None) is not None
+        and not db.execute_wrappers
+    )
+
+
+def execute_prepared(cursor: CursorWrapper, sql: str, params: Mapping[str, Any]) -> Any:
+    """Execute `sql` with `params`, prepared on the connection when it can be (module
+    docstring); returns a cursor to fetch the result from."""
+    if not prepared(cursor):
+        cursor.execute(sql, params)
+        return cursor
+    db = cursor.db
+    server_cursor = psycopg.Cursor(db.connection)
+    started = time.monotonic()
+    with db.wrap_database_errors:
+        server_cursor.execute(sql, params, prepare=True)
+    if db.queries_logged:
+        db.queries_log.append({"sql": sql, "time": f"{time.monotonic() - started:.3f}"})
+    return server_cursor
