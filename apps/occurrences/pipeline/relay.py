@@ -67,9 +67,12 @@ RELAY_CLOCK_SLACK = timedelta(seconds=1)
 ONE_MICROSECOND = timedelta(microseconds=1)
 
 
-# Late rows one relay step judges at most (`judge_late_rows`): ~1 s of the misfire judge on
-# a loaded machine (0.6 ms a row in docs/performance.md "Thirty minutes at 139k a minute").
-JUDGE_MAX_ROWS = 2_000
+# The misfire judge's work per relay step (`judge_late_rows`): late rows in chunks of
+# JUDGE_CHUNK_ROWS (~1 s of the judge on a loaded machine when most are found late: 0.6 ms a
+# row in docs/performance.md "Thirty minutes at 139k a minute"), no chunk started after
+# JUDGE_BUDGET_S. Rows the judge finds on time cost little: a mild backlog is judged whole.
+JUDGE_CHUNK_ROWS = 2_000
+JUDGE_BUDGET_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -81,7 +84,8 @@ class RelayConfig:
     envelope_max: int = 50
     background_share: float = 0.2
     max_publish_attempts: int = 5
-    judge_max_rows: int = JUDGE_MAX_ROWS
+    judge_chunk_rows: int = JUDGE_CHUNK_ROWS
+    judge_budget_s: float = JUDGE_BUDGET_S
 
 
 @dataclass
@@ -383,7 +387,8 @@ def judge_late_rows(
     rows: list[OutboxRow],
     result: RelayResult,
     *,
-    limit: int = JUDGE_MAX_ROWS,
+    chunk_rows: int = JUDGE_CHUNK_ROWS,
+    budget_s: float = JUDGE_BUDGET_S,
 ) -> list[OutboxRow]:
     """The misfire policy for rows read late (an outage, a backlog): the rows whose instant
     the policy gives up leave the outbox (their occurrence is MISSED); those it lets run
@@ -391,11 +396,12 @@ def judge_late_rows(
     Retry-lane rows carry work that already started or was delayed on purpose: the claim
     judges those.
 
-    At most `limit` late rows are judged, the longest due first: the others are left in the
-    outbox untouched and unpublished (`result.unjudged`), and the next step, whose read is in
-    due order, reads them first. The judge runs inside the fenced read, and unbounded it
-    made one read last tens of seconds in a backlog (docs/decisions.md "A bounded misfire
-    judge per relay step")."""
+    The late rows are judged in chunks of `chunk_rows`, the longest due first, and no chunk
+    is started once `budget_s` has gone by (the first always is): the rows not judged are
+    left in the outbox untouched and unpublished (`result.unjudged`), and the next step,
+    whose read is in due order, reads them first. The judge runs inside the fenced read, and
+    unbounded it made one read last tens of seconds in a backlog (docs/decisions.md "A
+    bounded misfire judge per relay step")."""
     now = timezone.now()
     # Lateness counts from the row's due time, `available_at`, as in the judge's own query: a
     # flexible row is due up to its window after its instant, and asking about every one read
@@ -404,15 +410,20 @@ def judge_late_rows(
     if not late:
         return rows
     late.sort(key=lambda r: r.available_at)
-    late, later = late[:limit], late[limit:]
-    left = {r.id for r in later}
+    started, judged = time.perf_counter(), 0
+    missed: set[str] = set()
+    runs: set[str] = set()
+    while judged < len(late) and not (judged and time.perf_counter() - started >= budget_s):
+        chunk = late[judged : judged + chunk_rows]
+        verdicts = misfire_judge(
+            cursor, [(r.occurrence_id, r.scheduled_for) for r in chunk], now=now,
+            found_by=ShardLease.Role.RELAY,
+        )  # fmt: skip
+        missed.update(str(i) for i in verdicts.missed)
+        runs.update(str(i) for i in verdicts.late_runs)
+        judged += len(chunk)
+    late, left = late[:judged], {r.id for r in late[judged:]}
     result.unjudged = len(left)
-    verdicts = misfire_judge(
-        cursor, [(r.occurrence_id, r.scheduled_for) for r in late], now=now,
-        found_by=ShardLease.Role.RELAY,
-    )  # fmt: skip
-    missed = {str(i) for i in verdicts.missed}
-    runs = {str(i) for i in verdicts.late_runs}
     dropped = [r.id for r in late if r.occurrence_id in missed]
     moved = [r.id for r in late if r.occurrence_id in runs and r.lane != Lane.CATCHUP]
     if dropped:
@@ -517,7 +528,10 @@ def relay_step(
         marks = shard_marks(cursor, leases, shards)
         rows = _read_due(cursor, shards, config, recorder, before, skip)
         result.claimed = len(rows)
-        rows = judge_late_rows(cursor, rows, result, limit=config.judge_max_rows)
+        rows = judge_late_rows(
+            cursor, rows, result, chunk_rows=config.judge_chunk_rows,
+            budget_s=config.judge_budget_s,
+        )  # fmt: skip
         if throttle is not None and rows:
             rows = apply_quotas(cursor, rows, throttle, result)
     if not rows:

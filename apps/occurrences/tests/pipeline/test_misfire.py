@@ -46,7 +46,7 @@ def _relay(prefix: str, publisher) -> None:
                config=relay_config(prefix))  # fmt: skip
 
 
-def test_a_backlog_of_late_rows_larger_than_a_step_s_bound_is_all_judged_over_later_steps(
+def test_a_backlog_of_late_rows_beyond_a_step_s_judge_budget_is_all_judged_over_later_steps(
     tenant_a, queue_prefix, publisher
 ):
     # given: six schedules' twelve outbox rows, written before the outage, all late now:
@@ -54,7 +54,8 @@ def test_a_backlog_of_late_rows_larger_than_a_step_s_bound_is_all_judged_over_la
     skip = [_before_outage(tenant_a, Schedule.MisfirePolicy.SKIP)[0] for _ in range(3)]
     catchup = [_before_outage(tenant_a, Schedule.MisfirePolicy.CATCHUP, 20)[0] for _ in range(3)]
     relay_leases = leases(ShardLease.Role.RELAY)
-    config = replace(relay_config(queue_prefix), judge_max_rows=5)
+    # A step's judge budget spent after its first chunk of five.
+    config = replace(relay_config(queue_prefix), judge_chunk_rows=5, judge_budget_s=0.0)
 
     # when: one step judges five, the seven others are left in the outbox untouched
     first = relay_step(leases=relay_leases, publisher=publisher, config=config)
@@ -78,6 +79,19 @@ def test_a_backlog_of_late_rows_larger_than_a_step_s_bound_is_all_judged_over_la
     for sched in catchup:
         ran = Occurrence.objects.filter(schedule=sched)
         assert {(o.state, o.lane) for o in ran} == {(Occurrence.State.ENQUEUED, Lane.CATCHUP)}
+
+
+def test_within_its_budget_a_step_judges_every_chunk_of_late_rows(
+    tenant_a, queue_prefix, publisher
+):
+    for _ in range(3):
+        _before_outage(tenant_a, Schedule.MisfirePolicy.SKIP)
+    config = replace(relay_config(queue_prefix), judge_chunk_rows=4, judge_budget_s=600.0)
+
+    result = relay_step(leases=leases(ShardLease.Role.RELAY), publisher=publisher, config=config)
+
+    assert (result.claimed, result.unjudged, result.missed) == (6, 0, 6)
+    assert not DispatchOutbox.objects.exists()
 
 
 def _materialize() -> None:
