@@ -11,7 +11,7 @@ is locked `FOR UPDATE`:
    batch holding the row finishes first (its occurrences are then visible here); a later
    batch skips the row until commit and then reads the new version / state.
 2. `relay_shard_barrier(shard)` takes the shard's relay lease row FOR UPDATE: a relay step
-   holds it FOR SHARE from its outbox read until its last publish, so this waits for a step
+   holds it FOR KEY SHARE from its outbox read until its last publish, so this waits for a step
    in flight and holds off the next one. Then the outbox rows of the affected occurrences are
    deleted. Rows the relay already recorded are gone (ENQUEUED: reported not recalled); rows
    published but not yet recorded are recalled here too, and the worker's claim drops their

@@ -2,7 +2,7 @@
 (docs/decisions.md "Materializer").
 
 One batch, one transaction (`materialize_batch`):
-1. Fence: lock this process's shard leases FOR SHARE and keep only those still held.
+1. Fence: lock this process's shard leases FOR KEY SHARE and keep only those still held.
 2. Claim up to `batch_size` ACTIVE schedules of those shards with `next_run_at` inside the
    planning window, `FOR UPDATE SKIP LOCKED` through `schedule_due_idx`.
 3. Compute each schedule's instants in [next_run_at, horizon] with timerules (memoised per
