@@ -158,10 +158,7 @@ def test_a_flexible_row_enqueued_after_its_window_counts_as_past_window():
     assert figures.minutes[START][Lane.STRICT].past_window == 0
     rows = minute_rows(START, 1, figures, [_samples(0)])
     assert rows[0].flexible_past_window == 2
-    assert any(
-        "2 flexible enqueued after their window" in r
-        for r in judge(rows, missing=0)
-    )
+    assert any("2 flexible enqueued after their window" in r for r in judge(rows, missing=0))
 
 
 @pytest.mark.django_db
