@@ -100,6 +100,12 @@ OVERDUE_S = 1.0
 HELD_OUTBOX_LATENESS_S = 10.0
 # After the last measured minute: how long to wait for its due rows to be enqueued.
 DRAIN_S = 30.0
+# A run of at least FLATNESS_MIN_MINUTES reports PostgreSQL's work per occurrence per block of
+# BLOCK_MINUTES and whether its first and last blocks agree within FLAT_WITHIN (the CPU target
+# in docs/performance.md "Sustained": flat from the first to the last five minutes).
+FLATNESS_MIN_MINUTES = 10
+BLOCK_MINUTES = 5
+FLAT_WITHIN = 0.20
 BENCH_KIND = "bench"
 OCCURRENCE_TABLE = "occurrences_occurrence"
 OUTBOX_TABLE = "occurrences_dispatchoutbox"
@@ -238,7 +244,9 @@ _LANE_FIGURES_SQL = f"""
                ORDER BY extract(epoch FROM enqueued_at - ref)::float8),
            max(extract(epoch FROM enqueued_at - ref)::float8),
            count(*) FILTER (WHERE enqueued_at < ref),
-           count(*) FILTER (WHERE created_at > scheduled_for)
+           count(*) FILTER (WHERE created_at > scheduled_for),
+           count(*) FILTER (WHERE lane = %(flexible_lane)s
+                              AND enqueued_at > scheduled_for + make_interval(secs => %(window_s)s))
       FROM ({_WINDOW_ROWS}) w
   GROUP BY GROUPING SETS ((date_trunc('minute', ref), lane), (lane))
 """
@@ -262,6 +270,7 @@ class LaneFigures:
     max_s: float | None = None
     early: int = 0
     materialized_late: int = 0
+    past_window: int = 0  # flexible rows enqueued after their window's end
 
 
 @dataclass
@@ -277,6 +286,7 @@ def _window_params(tenant_ids: list[uuid.UUID], start: datetime, end: datetime) 
     return {
         "tenants": tenant_ids,
         "flexible_lane": Lane.FLEXIBLE,
+        "window_s": FLEXIBLE_WINDOW_S,
         "lo": start - timedelta(seconds=FLEXIBLE_WINDOW_S),
         "start": start,
         "end": end,
@@ -290,12 +300,12 @@ def stored_figures(tenant_ids: list[uuid.UUID], start: datetime, end: datetime) 
     params = _window_params(tenant_ids, start, end)
     with connection.cursor() as cursor:
         cursor.execute(_LANE_FIGURES_SQL, params)
-        for minute, lane, count, enqueued, p99, worst, early, late in cursor.fetchall():
+        for minute, lane, count, enqueued, p99, worst, early, late, past in cursor.fetchall():
             lane_figures = LaneFigures(
                 count=count, enqueued=enqueued,
                 p99_s=None if p99 is None else round(p99, 3),
                 max_s=None if worst is None else round(worst, 3),
-                early=early, materialized_late=late,
+                early=early, materialized_late=late, past_window=past,
             )  # fmt: skip
             if minute is None:
                 figures.overall[lane] = lane_figures
@@ -465,6 +475,7 @@ class MinuteRow:
     flexible: int
     flexible_enqueued: int
     flexible_p99_s: float | None
+    flexible_past_window: int
     early: int
     materialized_late: int
     enqueued: int  # rows (both lanes) enqueued during this minute
@@ -499,6 +510,7 @@ def minute_rows(
                 flexible=flexible.count,
                 flexible_enqueued=flexible.enqueued,
                 flexible_p99_s=flexible.p99_s,
+                flexible_past_window=flexible.past_window,
                 early=sum(f.early for f in lanes.values()),
                 materialized_late=sum(f.materialized_late for f in lanes.values()),
                 enqueued=figures.enqueued_per_minute.get(minute, 0),
@@ -510,9 +522,10 @@ def minute_rows(
 
 def judge(rows: list[MinuteRow], *, missing: int) -> list[str]:
     """Why the run did not hold (empty: it held). Held: every minute's strict rows all
-    enqueued with p99 at most HELD_STRICT_P99_S, nothing early, nothing missing, nothing
-    materialized after its instant (the materializer kept up), and no outbox row sampled
-    due for longer than HELD_OUTBOX_LATENESS_S (the relay kept up)."""
+    enqueued with p99 at most HELD_STRICT_P99_S, no flexible row enqueued after its window,
+    nothing early, nothing missing, nothing materialized after its instant (the materializer
+    kept up), and no outbox row sampled due for longer than HELD_OUTBOX_LATENESS_S (the
+    relay kept up)."""
     reasons = []
     for row in rows:
         if row.strict_enqueued < row.strict:
@@ -521,6 +534,10 @@ def judge(rows: list[MinuteRow], *, missing: int) -> list[str]:
             reasons.append(f"{row.minute}: strict p99 {row.strict_p99_s} s > {HELD_STRICT_P99_S}")
         if row.materialized_late:
             reasons.append(f"{row.minute}: {row.materialized_late} materialized after due")
+        if row.flexible_past_window:
+            reasons.append(
+                f"{row.minute}: {row.flexible_past_window} flexible enqueued after their window"
+            )
     early = sum(row.early for row in rows)
     if early:
         reasons.append(f"{early} enqueued early")
@@ -577,6 +594,8 @@ class SustainedReport:
     not_held_because: list[str]
     per_minute_rows: list[MinuteRow] = field(default_factory=list)
     execution: ExecutionWork | None = None
+    blocks: list[BlockWork] = field(default_factory=list)
+    flatness: Flatness | None = None
 
     def lines(self) -> list[str]:
         out = [
@@ -586,17 +605,19 @@ class SustainedReport:
             f"{self.schedules:,} schedules of {self.tenants} tenants; "
             f"{self.materializers} materializer(s), {self.relays} relay(s)",
             "  minute  strict  p99 s  flex  p99 s  early  late  enq/min  "
-            "outbox(max/overdue/oldest s)  WAL MiB  occ+ MiB  cpu s",
+            "outbox(max/overdue/oldest s)  WAL MiB  occ+ MiB  PG µs/occ  WAL KB/occ  cpu s",
         ]
         for row in self.per_minute_rows:
             cpu = " ".join(f"{k}={v}" for k, v in row.cpu_s.items())
+            work = BlockWork.of([row], label="")
             out.append(
                 f"  {row.minute[11:16]}  {row.strict:>6}  {_s(row.strict_p99_s):>5}  "
                 f"{row.flexible:>5}  {_s(row.flexible_p99_s):>5}  {row.early:>5}  "
                 f"{row.materialized_late:>4}  {row.enqueued:>7}  "
                 f"{row.outbox_max:>7}/{row.due_backlog_max}/{row.oldest_due_s_max:<6}  "
                 f"{row.wal_bytes / 2**20:>7.1f}  "
-                f"{row.occurrence_growth_bytes / 2**20:>8.1f}  {cpu}"
+                f"{row.occurrence_growth_bytes / 2**20:>8.1f}  {_n(work.cpu_us):>9}  "
+                f"{_n(work.wal_kb, 2):>10}  {cpu}"
             )
         out += [
             f"  strict p99 {_s(self.strict_p99_s)} s (worst minute "
@@ -610,6 +631,9 @@ class SustainedReport:
                                       else ""),
         ]  # fmt: skip
         out += self.pg_work.lines()
+        out += [block.line() for block in self.blocks]
+        if self.flatness is not None:
+            out += self.flatness.lines()
         if self.execution is not None:
             out += self.execution.lines()
         out += self.profile.lines()
@@ -665,8 +689,104 @@ class PgWork:
         return [line]
 
 
+@dataclass
+class BlockWork:
+    """PostgreSQL's CPU and WAL per occurrence enqueued over some measured minutes, and the
+    strict p99 of their worst minute."""
+
+    minutes: str  # "1-5": the block's measured minutes, 1-based
+    enqueued: int
+    cpu_us: float | None
+    wal_kb: float | None
+    worst_strict_p99_s: float | None
+
+    @classmethod
+    def of(cls, rows: list[MinuteRow], *, label: str) -> BlockWork:
+        enqueued = sum(row.enqueued for row in rows)
+        cpu_s = sum(row.cpu_s.get("postgresql", 0.0) for row in rows)
+        wal = sum(row.wal_bytes for row in rows)
+        p99s = [row.strict_p99_s for row in rows if row.strict_p99_s is not None]
+        return cls(
+            minutes=label, enqueued=enqueued,
+            cpu_us=round(cpu_s * 1e6 / enqueued, 1) if enqueued else None,
+            wal_kb=round(wal / 1024 / enqueued, 3) if enqueued else None,
+            worst_strict_p99_s=max(p99s) if p99s else None,
+        )  # fmt: skip
+
+    def line(self) -> str:
+        return (
+            f"  minutes {self.minutes:>5}: {self.enqueued:>9,} enqueued, PostgreSQL "
+            f"{_n(self.cpu_us)} µs CPU and {_n(self.wal_kb, 2)} KB WAL per occurrence, "
+            f"worst strict p99 {_s(self.worst_strict_p99_s)} s"
+        )
+
+
+def blocks_of(rows: list[MinuteRow]) -> list[BlockWork]:
+    """The measured minutes in blocks of BLOCK_MINUTES (the last one may be shorter); none
+    for a run shorter than FLATNESS_MIN_MINUTES."""
+    if len(rows) < FLATNESS_MIN_MINUTES:
+        return []
+    return [
+        BlockWork.of(
+            rows[n : n + BLOCK_MINUTES], label=f"{n + 1}-{min(n + BLOCK_MINUTES, len(rows))}"
+        )
+        for n in range(0, len(rows), BLOCK_MINUTES)
+    ]
+
+
+@dataclass
+class Flatness:
+    """The first BLOCK_MINUTES against the last: the relative change of PostgreSQL's CPU and
+    WAL per occurrence, and whether each stayed within FLAT_WITHIN (`flat` is the CPU's)."""
+
+    first: BlockWork
+    last: BlockWork
+    cpu_change: float | None  # last / first - 1
+    wal_change: float | None
+    flat: bool
+    wal_flat: bool
+
+    def lines(self) -> list[str]:
+        return [
+            f"  flatness, minutes {self.first.minutes} against {self.last.minutes}: PostgreSQL "
+            f"CPU per occurrence {_pct(self.cpu_change)}, WAL {_pct(self.wal_change)} "
+            f"(limit ±{FLAT_WITHIN:.0%}): "
+            + ("flat" if self.flat else "NOT flat")
+            + ("" if self.wal_flat else "; WAL not flat")
+        ]
+
+
+def _change(first: float | None, last: float | None) -> float | None:
+    return round(last / first - 1, 3) if first and last is not None else None
+
+
+def flatness_of(rows: list[MinuteRow]) -> Flatness | None:
+    """None for a run shorter than FLATNESS_MIN_MINUTES; a change that cannot be computed
+    (nothing enqueued in a block) is not flat."""
+    if len(rows) < FLATNESS_MIN_MINUTES:
+        return None
+    n = len(rows)
+    first = BlockWork.of(rows[:BLOCK_MINUTES], label=f"1-{BLOCK_MINUTES}")
+    last = BlockWork.of(rows[-BLOCK_MINUTES:], label=f"{n - BLOCK_MINUTES + 1}-{n}")
+    cpu = _change(first.cpu_us, last.cpu_us)
+    wal = _change(first.wal_kb, last.wal_kb)
+    return Flatness(
+        first=first, last=last, cpu_change=cpu, wal_change=wal,
+        flat=cpu is not None and abs(cpu) <= FLAT_WITHIN,
+        wal_flat=wal is not None and abs(wal) <= FLAT_WITHIN,
+    )  # fmt: skip
+
+
 def _s(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
+
+
+def _n(value: float | None, digits: int = 0) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:+.0%}"
 
 
 def report_json(report: SustainedReport) -> str:
@@ -939,4 +1059,6 @@ def _report(
         held=not reasons,
         not_held_because=reasons,
         per_minute_rows=rows,
+        blocks=blocks_of(rows),
+        flatness=flatness_of(rows),
     )

@@ -5,10 +5,11 @@ A run is worked in the caller's transaction with a fixed number of statements wh
 length: lock the run's rows (id order), find which have outbox rows the single verb would
 delete (those need its recall and relay barrier: the run stops before the first of them),
 count what is still in flight for each schedule's receipt, then the state change, the
-version interval (cancel), the restore of what the last pause canceled (resume) and the
-events, one statement each. Each schedule ends as the single verb (schedule_changes.py) would
-leave it: the same state, columns, event and detail; versions unchanged; no alert (the
-single verbs record none); a refusal with the single verb's code and message.
+version interval (cancel), the restore of what the last pause canceled (resume: the single
+verb's own statement, `restore_canceled`) and the events, one statement each. Each schedule
+ends as the single verb (schedule_changes.py) would leave it: the same state, columns, event
+and detail; versions unchanged; no alert (the single verbs record none); a refusal with the
+single verb's code and message.
 """
 
 from __future__ import annotations
@@ -23,8 +24,7 @@ from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
-from apps.occurrences.models import BulkChange, Occurrence
-from apps.occurrences.pipeline.outbox import outbox_insert
+from apps.occurrences.models import BulkChange
 from apps.occurrences.schedule_changes import (
     FINISHED,
     IN_FLIGHT,
@@ -32,6 +32,8 @@ from apps.occurrences.schedule_changes import (
     RECEIPT_LIMIT,
     enum_values,
     refuse_unless,
+    restore_canceled,
+    schedule_columns,
 )
 from apps.schedules.errors import StateConflict
 from apps.schedules.models import Schedule, ScheduleEvent
@@ -94,40 +96,6 @@ _CLOSE_VERSIONS = """
     WHERE schedule_id = ANY(%(ids)s::uuid[]) AND valid_to IS NULL
 """
 
-_RESTORED_OUTBOX = outbox_insert(
-    occurrence_id="id", scheduled_for="scheduled_for", schedule_id="schedule_id",
-    schedule_version="version", tenant_id="tenant_id", shard="shard", lane="lane",
-    available_at="available_at", created_at="%(now)s", source="FROM back", returning="RETURNING 1",
-)  # fmt: skip
-
-# The single verb's `_RESTORE` for many schedules: each one's current version's occurrences
-# its last pause canceled, never published nor tried, still ahead, SCHEDULED again with a
-# fresh outbox row; counted per schedule for its `resumed` event.
-_RESTORE = f"""
-    WITH sel AS (
-        SELECT * FROM unnest(%(ids)s::uuid[], %(shards)s::int[], %(versions)s::int[])
-            AS t(schedule_id, shard, version)
-    ),
-    paused AS (
-        SELECT schedule_id, max(at) AS at FROM schedules_scheduleevent
-        WHERE schedule_id = ANY(%(ids)s::uuid[]) AND kind = %(paused)s
-        GROUP BY schedule_id
-    ),
-    back AS (
-        UPDATE occurrences_occurrence o
-        SET state = %(scheduled)s, finished_at = NULL
-        FROM paused JOIN sel USING (schedule_id)
-        WHERE o.schedule_id = sel.schedule_id AND o.schedule_version = sel.version
-          AND o.scheduled_for > %(now)s AND o.state = %(canceled)s
-          AND o.finished_at = paused.at AND o.enqueued_at IS NULL AND o.attempt_count = 0
-          AND o.cancel_requested_at IS NULL
-        RETURNING o.id, o.scheduled_for, o.tenant_id, o.lane, o.available_at, o.schedule_id,
-                  sel.version, sel.shard
-    ),
-    outbox AS ({_RESTORED_OUTBOX})
-    SELECT schedule_id, count(*) FROM back GROUP BY schedule_id
-"""
-
 
 # Whether the relay has rows due for a while and not yet published: one probe of
 # outbox_due_idx per shard, each stopping at its first row.
@@ -163,13 +131,6 @@ class RunOutcome:
     refusals: list[dict[str, str]] = field(default_factory=list)
 
 
-def _column_lists(schedules: Sequence[Schedule]) -> dict[str, Any]:
-    return {
-        "ids": [s.id for s in schedules], "shards": [s.shard for s in schedules],
-        "versions": [s.version for s in schedules],
-    }  # fmt: skip
-
-
 def recallable(verb: str, schedules: Sequence[Schedule]) -> set[uuid.UUID]:
     """The schedules (as given; lock them for a firm answer) whose change by `verb` would
     recall outbox rows. Resume recalls nothing."""
@@ -177,7 +138,7 @@ def recallable(verb: str, schedules: Sequence[Schedule]) -> set[uuid.UUID]:
         return set()
     with connection.cursor() as cursor:
         cursor.execute(
-            _RECALLABLE, {**_column_lists(schedules), "keep_lanes": enum_values(_KEEPS[verb])}
+            _RECALLABLE, {**schedule_columns(schedules), "keep_lanes": enum_values(_KEEPS[verb])}
         )
         return {row[0] for row in cursor.fetchall()}
 
@@ -244,10 +205,12 @@ def _cancel(changing: list[Schedule], actor: str, now: datetime) -> list[Schedul
 
 
 def _resume(changing: list[Schedule], actor: str, now: datetime) -> list[ScheduleEvent]:
-    restored = _per_schedule(_RESTORE, {
-        **_column_lists(changing), "now": now, "paused": str(ScheduleEvent.Kind.PAUSED),
-        "scheduled": str(Occurrence.State.SCHEDULED), "canceled": str(Occurrence.State.CANCELED),
-    })  # fmt: skip
+    restored = {
+        schedule_id: int(n)
+        for schedule_id, n in restore_canceled(
+            changing, now=now, select="SELECT schedule_id, count(*) FROM back GROUP BY schedule_id"
+        )
+    }
     with connection.cursor() as cursor:
         cursor.execute(_RESUME, {
             "ids": [s.id for s in changing], "now": now, "completed": str(State.COMPLETED),

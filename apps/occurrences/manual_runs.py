@@ -47,7 +47,7 @@ from apps.occurrences.pipeline.partitions import (
 from apps.schedules import timerules
 from apps.schedules.errors import LifecycleError, StateConflict
 from apps.schedules.models import Schedule, ScheduleEvent
-from apps.schedules.services import lock_schedule, log_event
+from apps.schedules.services import lock_schedule, log_event, rule_times_between
 from apps.tenants import rls
 
 ONE_MICROSECOND = timedelta(microseconds=1)
@@ -352,17 +352,9 @@ def backfill_instants(*, schedule: Schedule, start: datetime, end: datetime) -> 
     if schedule.kind == Schedule.Kind.ONE_SHOT:
         run_at = schedule.run_at
         return [run_at] if run_at is not None and lo <= run_at < hi else []
-    if schedule.kind == Schedule.Kind.INTERVAL:
-        assert schedule.interval_s is not None and schedule.start_at is not None
-        found = timerules.interval_fire_times_between(
-            schedule.interval_s, schedule.start_at, lo - ONE_MICROSECOND, hi - ONE_MICROSECOND,
-            limit=limit + 1,
-        )  # fmt: skip
-    else:
-        found = timerules.fire_times_between(
-            schedule.expression, schedule.time_zone, lo - ONE_MICROSECOND, hi - ONE_MICROSECOND,
-            dst_gap=schedule.dst_gap, dst_fold=schedule.dst_fold, limit=limit + 1,
-        )  # fmt: skip
+    found = rule_times_between(
+        schedule, lo - ONE_MICROSECOND, hi - ONE_MICROSECOND, limit=limit + 1
+    )
     if len(found) > limit:
         raise BackfillTooLarge(
             f"This range holds more than {limit} instants of the schedule; one backfill "

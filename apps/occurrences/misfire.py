@@ -41,8 +41,8 @@ from apps.occurrences.alert_records import record_schedule_event_alerts
 from apps.occurrences.models import Lane, Occurrence
 from apps.occurrences.observability import metrics
 from apps.occurrences.pipeline.bulk import array_literal
-from apps.schedules import timerules
 from apps.schedules.models import Schedule, ScheduleEvent
+from apps.schedules.services import rule_times_between
 
 ONE_MICROSECOND = timedelta(microseconds=1)
 
@@ -222,16 +222,7 @@ def _late_unwritten(item: _Late, now: datetime, limit: int) -> int:
         until = item.end_at - ONE_MICROSECOND
     if until < start:
         return 0
-    if item.kind == Schedule.Kind.INTERVAL:
-        assert item.interval_s is not None and item.start_at is not None
-        return len(timerules.interval_fire_times_between(
-            item.interval_s, item.start_at, start - ONE_MICROSECOND, until, limit=limit
-        ))  # fmt: skip
-    found = timerules.fire_times_between(
-        item.expression, item.time_zone, start - ONE_MICROSECOND, until,
-        dst_gap=item.dst_gap, dst_fold=item.dst_fold, limit=limit,
-    )  # fmt: skip
-    return len(found)
+    return len(rule_times_between(item, start - ONE_MICROSECOND, until, limit=limit))
 
 
 def _record_missed(

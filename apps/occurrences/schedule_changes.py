@@ -11,7 +11,7 @@ is locked `FOR UPDATE`:
    batch holding the row finishes first (its occurrences are then visible here); a later
    batch skips the row until commit and then reads the new version / state.
 2. `relay_shard_barrier(shard)` takes the shard's relay lease row FOR UPDATE: a relay step
-   holds it FOR SHARE from its outbox read until its last publish, so this waits for a step
+   holds it FOR KEY SHARE from its outbox read until its last publish, so this waits for a step
    in flight and holds off the next one. Then the outbox rows of the affected occurrences are
    deleted. Rows the relay already recorded are gone (ENQUEUED: reported not recalled); rows
    published but not yet recorded are recalled here too, and the worker's claim drops their
@@ -170,32 +170,39 @@ _HAS_RECALLABLE = """
 
 # A fresh outbox row for each occurrence a resume brings back.
 _RESTORED_OUTBOX = outbox_insert(
-    occurrence_id="id", scheduled_for="scheduled_for", schedule_id="%(schedule)s",
-    schedule_version="%(version)s", tenant_id="tenant_id", shard="%(shard)s", lane="lane",
+    occurrence_id="id", scheduled_for="scheduled_for", schedule_id="schedule_id",
+    schedule_version="version", tenant_id="tenant_id", shard="shard", lane="lane",
     available_at="available_at", created_at="%(now)s", source="FROM back", returning="RETURNING 1",
 )  # fmt: skip
 
-# Resume: the current version's occurrences the last pause canceled (`finished_at` is the
-# pause's instant, as its `paused` event's `at`), never published nor tried, whose instant is
-# still ahead, go back to SCHEDULED with a fresh outbox row in one statement. Same ids: a copy
-# of one that the relay did publish would be a duplicate the claim drops, never a second run.
+# Resume, for one schedule (the verb) or many (bulk_batches.py): each one's current version's
+# occurrences its last pause canceled (`finished_at` is the pause's instant, as its `paused`
+# event's `at`), never published nor tried, whose instant is still ahead, go back to
+# SCHEDULED with a fresh outbox row in one statement. Same ids: a copy of one that the relay
+# did publish would be a duplicate the claim drops, never a second run. The caller's SELECT
+# over `back` follows (`restore_canceled`).
 _RESTORE = f"""
-    WITH paused AS (
-        SELECT max(at) AS at FROM schedules_scheduleevent
-        WHERE schedule_id = %(schedule)s AND kind = %(paused)s
+    WITH sel AS (
+        SELECT * FROM unnest(%(ids)s::uuid[], %(shards)s::int[], %(versions)s::int[])
+            AS t(schedule_id, shard, version)
+    ),
+    paused AS (
+        SELECT schedule_id, max(at) AS at FROM schedules_scheduleevent
+        WHERE schedule_id = ANY(%(ids)s::uuid[]) AND kind = %(paused)s
+        GROUP BY schedule_id
     ),
     back AS (
         UPDATE occurrences_occurrence o
         SET state = %(scheduled)s, finished_at = NULL
-        FROM paused
-        WHERE o.schedule_id = %(schedule)s AND o.schedule_version = %(version)s
+        FROM paused JOIN sel USING (schedule_id)
+        WHERE o.schedule_id = sel.schedule_id AND o.schedule_version = sel.version
           AND o.scheduled_for > %(now)s AND o.state = %(canceled)s
           AND o.finished_at = paused.at AND o.enqueued_at IS NULL AND o.attempt_count = 0
           AND o.cancel_requested_at IS NULL
-        RETURNING o.id, o.scheduled_for, o.tenant_id, o.lane, o.available_at
+        RETURNING o.id, o.scheduled_for, o.tenant_id, o.lane, o.available_at, o.schedule_id,
+                  sel.version, sel.shard
     ),
     outbox AS ({_RESTORED_OUTBOX})
-    SELECT id, scheduled_for FROM back ORDER BY scheduled_for, id
 """
 
 # Step 4: in flight (may still run), or at/after the change instant and already finished.
@@ -260,15 +267,36 @@ def _recall(
     return Recalled([r[0] for r in rows if not r[2]], [r[0] for r in rows if r[2]])
 
 
-def _restore(*, schedule: Schedule, now: datetime) -> list[Restored]:
+def schedule_columns(schedules: Sequence[Schedule]) -> dict[str, Any]:
+    """The `ids`, `shards` and `versions` parameters of a statement over many schedules."""
+    return {
+        "ids": [s.id for s in schedules], "shards": [s.shard for s in schedules],
+        "versions": [s.version for s in schedules],
+    }  # fmt: skip
+
+
+def restore_canceled(
+    schedules: Sequence[Schedule], *, now: datetime, select: str
+) -> list[tuple[Any, ...]]:
+    """Resume's restore (`_RESTORE`) for `schedules`, each at its current version; `select`
+    reads the restored rows from `back` (id, scheduled_for, tenant_id, lane, available_at,
+    schedule_id, version, shard) and its rows are returned."""
     with connection.cursor() as cursor:
-        cursor.execute(_RESTORE, {
-            "schedule": schedule.id, "version": schedule.version, "shard": schedule.shard,
-            "now": now, "paused": str(ScheduleEvent.Kind.PAUSED),
+        cursor.execute(_RESTORE + select, {
+            **schedule_columns(schedules), "now": now,
+            "paused": str(ScheduleEvent.Kind.PAUSED),
             "scheduled": str(Occurrence.State.SCHEDULED),
             "canceled": str(Occurrence.State.CANCELED),
         })  # fmt: skip
-        return [Restored(*row) for row in cursor.fetchall()]
+        rows: list[tuple[Any, ...]] = cursor.fetchall()
+    return rows
+
+
+def _restore(*, schedule: Schedule, now: datetime) -> list[Restored]:
+    rows = restore_canceled(
+        [schedule], now=now, select="SELECT id, scheduled_for FROM back ORDER BY scheduled_for, id"
+    )
+    return [Restored(*row) for row in rows]
 
 
 def _not_recalled(*, schedule: Schedule, below: int, now: datetime) -> list[NotRecalled]:

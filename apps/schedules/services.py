@@ -11,7 +11,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeAlias
+from typing import Any, Protocol, TypeAlias
 
 from django.conf import settings
 from django.db import transaction
@@ -118,6 +118,37 @@ def _period(timing: Timing) -> int:
 def _anchor(timing: Timing) -> datetime:
     assert timing.start_at is not None, "a fixed-rate definition has its anchor (start_at)"
     return timing.start_at
+
+
+class RepeatingRule(Protocol):
+    """The fields that decide a cron or fixed-rate schedule's instants, as a saved schedule
+    and the rows the pipeline reads carry them."""
+
+    kind: str
+    expression: str
+    time_zone: str
+    dst_gap: str
+    dst_fold: str
+    interval_s: int | None
+    start_at: datetime | None
+
+
+def rule_times_between(
+    rule: RepeatingRule, after: datetime, until: datetime, *, limit: int
+) -> list[datetime]:
+    """A cron or fixed-rate rule's instants in ``(after, until]`` (aware UTC, ascending), at
+    most ``limit``. A one-shot's single instant and the schedule's own start_at/end_at are
+    the caller's (each applies them its own way)."""
+    if rule.kind == Schedule.Kind.INTERVAL:
+        # The constraint schedule_interval_defined: a fixed rate has its period and anchor.
+        assert rule.interval_s is not None and rule.start_at is not None
+        return timerules.interval_fire_times_between(
+            rule.interval_s, rule.start_at, after, until, limit=limit
+        )
+    return timerules.fire_times_between(
+        rule.expression, rule.time_zone, after, until,
+        dst_gap=rule.dst_gap, dst_fold=rule.dst_fold, limit=limit,
+    )  # fmt: skip
 
 
 def _definition(schedule: Schedule) -> dict[str, Any]:

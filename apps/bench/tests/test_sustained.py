@@ -23,7 +23,9 @@ from apps.bench.sustained import (
     SpreadPlan,
     StoredFigures,
     _report,
+    blocks_of,
     consumer_check,
+    flatness_of,
     judge,
     minute_rows,
     minute_samples,
@@ -143,6 +145,20 @@ def test_a_row_written_after_its_instant_counts_as_materialized_late():
     Occurrence.objects.filter(tenant_id=tenant.id).update(created_at=START + timedelta(seconds=1))
     figures = stored_figures([tenant.id], START, START + timedelta(minutes=1))
     assert figures.minutes[START][Lane.STRICT].materialized_late == 2
+
+
+@pytest.mark.django_db
+def test_a_flexible_row_enqueued_after_its_window_counts_as_past_window():
+    tenant = tenant_create(slug="bench-past-window")
+    # Scheduled 200 s before available_at: 100 s of lag reach the window's end (300 s).
+    _rows(schedule(tenant), Lane.FLEXIBLE, [(START, 99.0), (START, 101.0), (START, 150.0)])
+    _rows(schedule(tenant), Lane.STRICT, [(START, 400.0)])
+    figures = stored_figures([tenant.id], START, START + timedelta(minutes=1))
+    assert figures.minutes[START][Lane.FLEXIBLE].past_window == 2
+    assert figures.minutes[START][Lane.STRICT].past_window == 0
+    rows = minute_rows(START, 1, figures, [_samples(0)])
+    assert rows[0].flexible_past_window == 2
+    assert any("2 flexible enqueued after their window" in r for r in judge(rows, missing=0))
 
 
 @pytest.mark.django_db
@@ -326,3 +342,47 @@ def test_execution_work_splits_the_workers_backends_by_statement_time():
     assert phases["rest of the server"] == 130.0 and phases["all"] == 600.0
     # The bench process itself is not Tick's cost.
     assert work.tick_cpu_us == 1100.0 and work.ratio_to_bare == 2.2
+
+
+def _work_rows(cpu_s: list[float], wal_bytes: list[int], enqueued: int = 1000) -> list[MinuteRow]:
+    samples = [
+        MinuteSamples({"postgresql": cpu, "relay": 9.0}, wal, 0, 0, [], [], 0, 0, 0)
+        for cpu, wal in zip(cpu_s, wal_bytes, strict=True)
+    ]
+    rows = minute_rows(START, len(samples), StoredFigures(), samples)
+    for row in rows:
+        row.enqueued = enqueued
+    return rows
+
+
+def test_a_short_run_reports_no_blocks_and_no_flatness():
+    rows = _work_rows([0.2] * 9, [4096_000] * 9)
+    assert blocks_of(rows) == [] and flatness_of(rows) is None
+
+
+def test_blocks_of_five_minutes_divide_postgresql_cpu_and_wal_by_the_enqueued():
+    rows = _work_rows([0.2] * 5 + [0.3] * 5 + [0.4] * 2, [2048 * 1000] * 12)
+    blocks = blocks_of(rows)
+    assert [b.minutes for b in blocks] == ["1-5", "6-10", "11-12"]
+    assert [b.cpu_us for b in blocks] == [200.0, 300.0, 400.0]
+    assert [b.enqueued for b in blocks] == [5000, 5000, 2000]
+    assert blocks[0].wal_kb == 2.0
+
+
+def test_flatness_compares_the_first_five_minutes_with_the_last_five():
+    steady = flatness_of(_work_rows([0.2] * 6 + [0.235] * 6, [4096_000] * 12))
+    assert steady is not None and steady.flat and steady.wal_flat
+    assert steady.first.minutes == "1-5" and steady.last.minutes == "8-12"
+    assert steady.cpu_change == 0.175
+    rising = flatness_of(_work_rows([0.2] * 5 + [0.3] * 5, [4096_000] * 5 + [2048_000] * 5))
+    assert rising is not None and not rising.flat and rising.cpu_change == 0.5
+    assert not rising.wal_flat and rising.wal_change == -0.5
+    assert "NOT flat" in rising.lines()[0]
+
+
+def test_flatness_without_occurrences_in_a_block_is_not_flat():
+    rows = _work_rows([0.2] * 10, [4096_000] * 10)
+    for row in rows[:5]:
+        row.enqueued = 0
+    flatness = flatness_of(rows)
+    assert flatness is not None and flatness.cpu_change is None and not flatness.flat

@@ -6,9 +6,14 @@ Each materializer (and relay) process holds a fair share of the N logical shards
    releases shards above its fair share and takes expired or free ones up to it (`FOR UPDATE
    SKIP LOCKED`, generation + 1).
 2. Work is fenced: `fenced_shards` runs inside the caller's write transaction and locks the
-   lease rows `FOR SHARE` while checking (owner, generation, expiry). A takeover must update
-   those rows, so it waits for the in-flight batch to commit, and every later batch of the
-   stale process finds nothing to work on. Expiry is judged by the database clock only.
+   lease rows `FOR KEY SHARE` while checking (owner, generation, expiry). Every change of
+   hands (take, release, `relay_shard_barrier`) locks the row `FOR UPDATE` first, which
+   conflicts with it: it waits for (or, taking, skips) the in-flight batch, and every later
+   batch of the stale process finds nothing to work on. A renewal (`extend`, `_renew`) only
+   moves the expiry: a plain UPDATE of non-key columns takes `FOR NO KEY UPDATE`, which
+   does not conflict, so the heartbeat never waits for its own process's fenced work
+   (docs/decisions.md "Renewals pass the fence, changes of hands wait"). Expiry is judged by
+   the database clock only.
 """
 
 from __future__ import annotations
@@ -25,6 +30,24 @@ from apps.occurrences.models import ShardLease
 from apps.occurrences.observability import metrics
 
 log = logging.getLogger(__name__)
+
+
+# A release changes hands: the rows are locked FOR UPDATE first (in shard order), so it waits
+# for fenced work in flight on them; the UPDATE alone (no key column) would pass the fence.
+_RELEASE_ALL = """
+    UPDATE occurrences_shardlease SET owner = '', lease_expires_at = NULL
+    WHERE id IN (
+        SELECT id FROM occurrences_shardlease WHERE role = %s AND owner = %s
+        ORDER BY shard FOR UPDATE
+    )
+"""
+_RELEASE_SHARDS = """
+    UPDATE occurrences_shardlease SET owner = '', lease_expires_at = NULL
+    WHERE id IN (
+        SELECT id FROM occurrences_shardlease WHERE role = %s AND owner = %s AND shard = ANY(%s)
+        ORDER BY shard FOR UPDATE
+    )
+"""
 
 
 @dataclass
@@ -125,16 +148,14 @@ class LeaseSet:
         return int(row[0]) if row else 0
 
     def _release_extra(self, cursor: CursorWrapper, held: dict[int, int], extra: list[int]) -> None:
-        cursor.execute(
-            "UPDATE occurrences_shardlease SET owner = '', lease_expires_at = NULL "
-            "WHERE role = %s AND owner = %s AND shard = ANY(%s)",
-            [self.role, self.owner, extra],
-        )
+        cursor.execute(_RELEASE_SHARDS, [self.role, self.owner, extra])
         for shard in extra:
             held.pop(shard)
 
     def _take_free(self, cursor: CursorWrapper, held: dict[int, int], wanted: int) -> None:
-        """Take up to `wanted` expired or free shards (generation + 1) into `held`."""
+        """Take up to `wanted` expired or free shards (generation + 1) into `held`. The FOR
+        UPDATE conflicts with the fence's FOR KEY SHARE: a shard whose previous owner's fenced
+        work is still in flight is skipped, and taken by a later refresh once it committed."""
         cursor.execute(
             """
             UPDATE occurrences_shardlease l
@@ -162,11 +183,7 @@ class LeaseSet:
     def release(self) -> None:
         """Give the shards back at shutdown so others need not wait for expiry."""
         with connection.cursor() as cursor:
-            cursor.execute(
-                "UPDATE occurrences_shardlease SET owner = '', lease_expires_at = NULL "
-                "WHERE role = %s AND owner = %s",
-                [self.role, self.owner],
-            )
+            cursor.execute(_RELEASE_ALL, [self.role, self.owner])
             cursor.execute(
                 "DELETE FROM occurrences_leasemember WHERE role = %s AND owner = %s",
                 [self.role, self.owner],
@@ -174,7 +191,8 @@ class LeaseSet:
         self.held = {}
 
     def fenced_shards(self) -> list[int]:
-        """Shards still held, locked FOR SHARE until the caller's transaction ends."""
+        """Shards still held, locked FOR KEY SHARE until the caller's transaction ends: a change
+        of hands waits for (or skips) them, a renewal of their expiry does not."""
         if not self.held:
             return []
         with connection.cursor() as cursor:
@@ -184,7 +202,7 @@ class LeaseSet:
                 JOIN unnest(%s::int[], %s::bigint[]) AS h(shard, generation)
                   ON l.shard = h.shard AND l.generation = h.generation
                 WHERE l.role = %s AND l.owner = %s AND l.lease_expires_at > now()
-                FOR SHARE OF l
+                FOR KEY SHARE OF l
                 """,
                 [list(self.held), list(self.held.values()), self.role, self.owner],
             )
@@ -196,15 +214,16 @@ def relay_shard_barrier(shard: int) -> None:
     caller's transaction ends.
 
     For schedule changes that remove outbox rows (update, pause, cancel): the relay reads
-    outbox rows without row locks under its FOR SHARE lease fence, so locking the shard's
-    relay lease row (the UPDATE's row lock conflicts with FOR SHARE) is what makes "not yet
-    published" a stable fact until commit. The update counts the recall in `recalls`: rows a
-    relay staged ahead of their instant are published only if it has not moved since.
+    outbox rows without row locks under its FOR KEY SHARE lease fence, so locking the shard's
+    relay lease row FOR UPDATE (which conflicts with FOR KEY SHARE; the UPDATE alone, of a
+    non-key column, would not) is what makes "not yet published" a stable fact until commit.
+    The update counts the recall in `recalls`: rows a relay staged ahead of their instant are
+    published only if it has not moved since.
     """
     with connection.cursor() as cursor:
         cursor.execute(
-            "UPDATE occurrences_shardlease SET recalls = recalls + 1 "
-            "WHERE role = %s AND shard = %s",
+            "UPDATE occurrences_shardlease SET recalls = recalls + 1 WHERE id = ("
+            "SELECT id FROM occurrences_shardlease WHERE role = %s AND shard = %s FOR UPDATE)",
             [ShardLease.Role.RELAY, shard],
         )
 

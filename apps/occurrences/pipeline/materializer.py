@@ -2,7 +2,7 @@
 (docs/decisions.md "Materializer").
 
 One batch, one transaction (`materialize_batch`):
-1. Fence: lock this process's shard leases FOR SHARE and keep only those still held.
+1. Fence: lock this process's shard leases FOR KEY SHARE and keep only those still held.
 2. Claim up to `batch_size` ACTIVE schedules of those shards with `next_run_at` inside the
    planning window, `FOR UPDATE SKIP LOCKED` through `schedule_due_idx`.
 3. Compute each schedule's instants in [next_run_at, horizon] with timerules (memoised per
@@ -43,8 +43,8 @@ from apps.occurrences.pipeline.partitions import (
     partitions_ensure,
     partitions_missing,
 )
-from apps.schedules import timerules
 from apps.schedules.models import Schedule, ScheduleEvent
+from apps.schedules.services import rule_times_between
 
 ONE_MICROSECOND = timedelta(microseconds=1)
 
@@ -154,20 +154,7 @@ def _fires(row: _Row, after: datetime, until: datetime, limit: int) -> list[date
         return []
     if row.kind == Schedule.Kind.ONE_SHOT:
         return [row.next_run_at] if after < row.next_run_at <= until else []
-    if row.kind == Schedule.Kind.INTERVAL:
-        assert row.interval_s is not None and row.start_at is not None  # schedule_interval_defined
-        return timerules.interval_fire_times_between(
-            row.interval_s, row.start_at, after, until, limit=limit
-        )
-    return timerules.fire_times_between(
-        row.expression,
-        row.time_zone,
-        after,
-        until,
-        dst_gap=row.dst_gap,
-        dst_fold=row.dst_fold,
-        limit=limit,
-    )
+    return rule_times_between(row, after, until, limit=limit)
 
 
 def _latest_before(row: _Row, cutoff: datetime, keep: int) -> tuple[list[datetime], bool]:

@@ -2,7 +2,7 @@
 (docs/decisions.md "Relay publishing").
 
 One step (`relay_step`):
-1. In a transaction, lock this process's relay shard leases FOR SHARE and keep those still
+1. In a transaction, lock this process's relay shard leases FOR KEY SHARE and keep those still
    held (the fence), then read the due outbox rows of those shards (`available_at <= now +
    look-ahead`), skipping rows already published and waiting to be recorded. No row locks:
    the fenced lease makes this process the only relay of its shards, and a schedule change
@@ -67,6 +67,14 @@ RELAY_CLOCK_SLACK = timedelta(seconds=1)
 ONE_MICROSECOND = timedelta(microseconds=1)
 
 
+# The misfire judge's work per relay step (`judge_late_rows`): late rows in chunks of
+# JUDGE_CHUNK_ROWS (~1 s of the judge on a loaded machine when most are found late: 0.6 ms a
+# row in docs/performance.md "Thirty minutes at 139k a minute"), no chunk started after
+# JUDGE_BUDGET_S. Rows the judge finds on time cost little: a mild backlog is judged whole.
+JUDGE_CHUNK_ROWS = 2_000
+JUDGE_BUDGET_S = 2.0
+
+
 @dataclass(frozen=True)
 class RelayConfig:
     lookahead_ms: int
@@ -76,6 +84,8 @@ class RelayConfig:
     envelope_max: int = 50
     background_share: float = 0.2
     max_publish_attempts: int = 5
+    judge_chunk_rows: int = JUDGE_CHUNK_ROWS
+    judge_budget_s: float = JUDGE_BUDGET_S
 
 
 @dataclass
@@ -84,6 +94,7 @@ class RelayResult:
     deferred: int = 0
     parked: int = 0
     missed: int = 0
+    unjudged: int = 0  # late rows left in the outbox for the next step (`judge_late_rows`)
     published: int = 0
     failed: int = 0
     messages: int = 0
@@ -300,9 +311,10 @@ def record_confirmed(*, leases: LeaseSet, batch: ConfirmedBatch) -> int:
     return len(ids)
 
 
-# Rows recorded per transaction. Each holds the shard fence (FOR SHARE on the lease rows)
-# while it runs, and the lease heartbeat's renewal waits for it: 500k rows in one statement
-# held it for 40 s here, past the lease TTL, and the shards were lost midway.
+# Rows recorded per transaction. Each holds the shard fence while it runs: 500k rows in one
+# statement held it for 40 s here, past the lease TTL, and the shards were lost midway (the
+# fence was FOR SHARE then, and the heartbeat's renewal waited for it; it no longer does, but
+# a release or a recall still waits for the whole transaction).
 RECORD_CHUNK_ROWS = 20_000
 
 
@@ -371,13 +383,25 @@ _TO_CATCHUP_LANE = "UPDATE occurrences_dispatchoutbox SET lane = %s WHERE id = A
 
 
 def judge_late_rows(
-    cursor: CursorWrapper, rows: list[OutboxRow], result: RelayResult
+    cursor: CursorWrapper,
+    rows: list[OutboxRow],
+    result: RelayResult,
+    *,
+    chunk_rows: int = JUDGE_CHUNK_ROWS,
+    budget_s: float = JUDGE_BUDGET_S,
 ) -> list[OutboxRow]:
     """The misfire policy for rows read late (an outage, a backlog): the rows whose instant
     the policy gives up leave the outbox (their occurrence is MISSED); those it lets run
     late go out in the catch-up lane, paced by the tenant's catch-up rate (misfire.py).
     Retry-lane rows carry work that already started or was delayed on purpose: the claim
-    judges those."""
+    judges those.
+
+    The late rows are judged in chunks of `chunk_rows`, the longest due first, and no chunk
+    is started once `budget_s` has gone by (the first always is): the rows not judged are
+    left in the outbox untouched and unpublished (`result.unjudged`), and the next step,
+    whose read is in due order, reads them first. The judge runs inside the fenced read, and
+    unbounded it made one read last tens of seconds in a backlog (docs/decisions.md "A
+    bounded misfire judge per relay step")."""
     now = timezone.now()
     # Lateness counts from the row's due time, `available_at`, as in the judge's own query: a
     # flexible row is due up to its window after its instant, and asking about every one read
@@ -385,12 +409,21 @@ def judge_late_rows(
     late = [r for r in rows if r.lane != Lane.RETRY and r.available_at < now - RELAY_JUDGE_FLOOR]
     if not late:
         return rows
-    verdicts = misfire_judge(
-        cursor, [(r.occurrence_id, r.scheduled_for) for r in late], now=now,
-        found_by=ShardLease.Role.RELAY,
-    )  # fmt: skip
-    missed = {str(i) for i in verdicts.missed}
-    runs = {str(i) for i in verdicts.late_runs}
+    late.sort(key=lambda r: r.available_at)
+    started, judged = time.perf_counter(), 0
+    missed: set[str] = set()
+    runs: set[str] = set()
+    while judged < len(late) and not (judged and time.perf_counter() - started >= budget_s):
+        chunk = late[judged : judged + chunk_rows]
+        verdicts = misfire_judge(
+            cursor, [(r.occurrence_id, r.scheduled_for) for r in chunk], now=now,
+            found_by=ShardLease.Role.RELAY,
+        )  # fmt: skip
+        missed.update(str(i) for i in verdicts.missed)
+        runs.update(str(i) for i in verdicts.late_runs)
+        judged += len(chunk)
+    late, left = late[:judged], {r.id for r in late[judged:]}
+    result.unjudged = len(left)
     dropped = [r.id for r in late if r.occurrence_id in missed]
     moved = [r.id for r in late if r.occurrence_id in runs and r.lane != Lane.CATCHUP]
     if dropped:
@@ -398,7 +431,7 @@ def judge_late_rows(
         result.missed = len(dropped)
     if moved:
         cursor.execute(_TO_CATCHUP_LANE, [Lane.CATCHUP, array_literal([str(i) for i in moved])])
-    gone, catchup = set(dropped), set(moved)
+    gone, catchup = set(dropped) | left, set(moved)
     return [
         row._replace(lane=Lane.CATCHUP) if row.id in catchup else row
         for row in rows
@@ -495,7 +528,10 @@ def relay_step(
         marks = shard_marks(cursor, leases, shards)
         rows = _read_due(cursor, shards, config, recorder, before, skip)
         result.claimed = len(rows)
-        rows = judge_late_rows(cursor, rows, result)
+        rows = judge_late_rows(
+            cursor, rows, result, chunk_rows=config.judge_chunk_rows,
+            budget_s=config.judge_budget_s,
+        )  # fmt: skip
         if throttle is not None and rows:
             rows = apply_quotas(cursor, rows, throttle, result)
     if not rows:

@@ -79,11 +79,13 @@ class Command(LoopCommand):
 
 
 def _logged(result: RelayResult, what: str) -> int:
-    """Log a publish that did something; returns the rows it settled."""
+    """Log a publish that did something; returns the rows it settled, plus the late rows left
+    for the next step (work to go on with at once, not to sleep on)."""
     if result.claimed:
         log.info(
-            "relayed %d of %d %s rows in %d messages (failed %d), max lag %.3fs",
+            "relayed %d of %d %s rows in %d messages (failed %d, missed %d, left to judge %d),"
+            " max lag %.3fs",
             result.published, result.claimed, what, result.messages, result.failed,
-            max(result.lags, default=0.0),
+            result.missed, result.unjudged, max(result.lags, default=0.0),
         )  # fmt: skip
-    return result.published + result.failed
+    return result.published + result.failed + result.missed + result.unjudged

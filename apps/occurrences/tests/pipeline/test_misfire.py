@@ -6,6 +6,7 @@ database and RabbitMQ."""
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
 from datetime import datetime, timedelta
 
 import pytest
@@ -43,6 +44,54 @@ def _before_outage(tenant, policy: str, catchup_limit: int = 0) -> tuple[Schedul
 def _relay(prefix: str, publisher) -> None:
     relay_step(leases=leases(ShardLease.Role.RELAY), publisher=publisher,
                config=relay_config(prefix))  # fmt: skip
+
+
+def test_a_backlog_of_late_rows_beyond_a_step_s_judge_budget_is_all_judged_over_later_steps(
+    tenant_a, queue_prefix, publisher
+):
+    # given: six schedules' twelve outbox rows, written before the outage, all late now:
+    # three SKIP schedules (given up) and three CATCHUP ones whose limit runs them all
+    skip = [_before_outage(tenant_a, Schedule.MisfirePolicy.SKIP)[0] for _ in range(3)]
+    catchup = [_before_outage(tenant_a, Schedule.MisfirePolicy.CATCHUP, 20)[0] for _ in range(3)]
+    relay_leases = leases(ShardLease.Role.RELAY)
+    # A step's judge budget spent after its first chunk of five.
+    config = replace(relay_config(queue_prefix), judge_chunk_rows=5, judge_budget_s=0.0)
+
+    # when: one step judges five, the seven others are left in the outbox untouched
+    first = relay_step(leases=relay_leases, publisher=publisher, config=config)
+    assert (first.claimed, first.unjudged) == (12, 7)
+    assert DispatchOutbox.objects.filter(lane=Lane.STRICT).count() == 7
+    assert (
+        Occurrence.objects.filter(state=Occurrence.State.SCHEDULED, lane=Lane.STRICT).count() == 7
+    )
+    # and the next steps judge the rest
+    steps = [relay_step(leases=relay_leases, publisher=publisher, config=config) for _ in range(2)]
+    assert [s.unjudged for s in steps] == [2, 0]
+
+    # then: every one was judged once, none lost
+    assert first.missed + sum(s.missed for s in steps) == 6
+    assert first.published + sum(s.published for s in steps) == 6
+    assert not DispatchOutbox.objects.exists()
+    for sched in skip:
+        assert {o.state for o in Occurrence.objects.filter(schedule=sched)} == {
+            Occurrence.State.MISSED
+        }
+    for sched in catchup:
+        ran = Occurrence.objects.filter(schedule=sched)
+        assert {(o.state, o.lane) for o in ran} == {(Occurrence.State.ENQUEUED, Lane.CATCHUP)}
+
+
+def test_within_its_budget_a_step_judges_every_chunk_of_late_rows(
+    tenant_a, queue_prefix, publisher
+):
+    for _ in range(3):
+        _before_outage(tenant_a, Schedule.MisfirePolicy.SKIP)
+    config = replace(relay_config(queue_prefix), judge_chunk_rows=4, judge_budget_s=600.0)
+
+    result = relay_step(leases=leases(ShardLease.Role.RELAY), publisher=publisher, config=config)
+
+    assert (result.claimed, result.unjudged, result.missed) == (6, 0, 6)
+    assert not DispatchOutbox.objects.exists()
 
 
 def _materialize() -> None:
