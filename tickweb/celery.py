@@ -32,10 +32,23 @@ def _declare_queues(sender: Celery, **_: object) -> None:
     )
 
 
+@signals.worker_init.connect
+def _worker_connection_age(**_: object) -> None:
+    """A worker's connections live TICK_WORKER_CONN_MAX_AGE, not the web's CONN_MAX_AGE: at
+    60 s each pool process opened a new backend every minute, which loads its caches and
+    prepares the claim's statements again (docs/decisions.md "Workers keep their database
+    connection"). Set before the pool forks, so every pool process and thread inherits it."""
+    from django.conf import settings
+    from django.db import DEFAULT_DB_ALIAS, connections
+
+    connections.settings[DEFAULT_DB_ALIAS]["CONN_MAX_AGE"] = settings.TICK_WORKER_CONN_MAX_AGE
+
+
 @signals.task_postrun.connect
 def _close_old_connections(**_: object) -> None:
     """After each task, what Django does after each request: close a connection that is
-    older than CONN_MAX_AGE or unusable after an error (settings.CELERY_DB_REUSE_MAX)."""
+    older than its CONN_MAX_AGE (the worker's, above) or unusable after an error
+    (settings.CELERY_DB_REUSE_MAX)."""
     global _last_task_end
     from django.db import close_old_connections
 

@@ -63,6 +63,7 @@ POSITIVE = (
     "TICK_OVERLAP_RECHECK_S",
     "TICK_OVERLAP_LOOKBACK_S",
     "TICK_WORKER_OUTAGE_RETRY_S",
+    "TICK_WORKER_CONN_MAX_AGE",
     "TICK_COMPLETION_GROUP_MAX",
     "TICK_WORKER_PRESENCE_INTERVAL_S",
     "TICK_WORKER_PRESENCE_TTL_S",
@@ -79,10 +80,11 @@ POSITIVE = (
     "TICK_ALERT_LAG_EVERY_S",
     "EMAIL_TIMEOUT",
 )
-# May be zero (no look-ahead, no delay, no grace before a handler's hard stop, no MISSED
-# rows, no partitions ahead), never negative.
+# May be zero (no look-ahead, no planning span, no delay, no grace before a handler's hard
+# stop, no MISSED rows, no partitions ahead), never negative.
 NOT_NEGATIVE = (
     "TICK_RELAY_LOOKAHEAD_MS",
+    "TICK_PLANNING_SPAN_S",
     "TICK_QUOTA_DELAY_S",
     "TICK_HANDLER_TIMEOUT_GRACE_S",
     "TICK_WORKER_SLOTS",

@@ -361,7 +361,10 @@ CELERY_TASK_IGNORE_RESULT = True
 # (the claim then drops it as a duplicate, and the lease reaper recovers the occurrence).
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
-# Handlers can run for hours: a worker reserves one message per pool slot, no more.
+# Handlers can run for hours: a worker reserves one message per pool slot per queue. Per queue:
+# the lanes are quorum queues, which refuse a channel-wide prefetch, so Celery applies it to
+# each queue's consumer and a busy worker may hold messages it cannot start yet
+# (docs/decisions.md "Strict capacity reserved at the workers").
 CELERY_WORKER_PREFETCH_MULTIPLIER = env_int("CELERY_WORKER_PREFETCH_MULTIPLIER", 1)
 # Celery's Django fixup closes every database connection before and after each task unless
 # this is set: a new PostgreSQL backend per occurrence cost more server CPU than the claim and
@@ -389,6 +392,11 @@ TICK_LEASE_TTL_S = env_int("TICK_LEASE_TTL_S", 15)
 # Materializer. How far ahead it writes occurrences (seconds): covers a lease failover (TTL)
 # plus the queue-write budget; short enough that updates supersede few rows.
 TICK_PLANNING_WINDOW_S = env_int("TICK_PLANNING_WINDOW_S", 120)
+# A schedule taken up (its next instant inside the window) is written this much further: up
+# to window + span ahead, cut at a point of its shard's phase, so one that fires more often
+# than the span is advanced once per span, not once per instant (docs/decisions.md "Fewer
+# advances: a schedule written a span ahead"). 0: each instant as it enters the window.
+TICK_PLANNING_SPAN_S = env_int("TICK_PLANNING_SPAN_S", 240)
 TICK_MATERIALIZE_BATCH = env_int("TICK_MATERIALIZE_BATCH", 2000)
 # Upper bound on occurrences written for one schedule in one pass (bounds a tight cron).
 TICK_MAX_FIRES_PER_PASS = env_int("TICK_MAX_FIRES_PER_PASS", 200)
@@ -427,7 +435,8 @@ TICK_QUOTA_DELAY_S = env_int("TICK_QUOTA_DELAY_S", 2)
 # worker (capacity unknown) only Tenant.max_running applies.
 TICK_TENANT_SLOT_SHARE = float(env_str("TICK_TENANT_SLOT_SHARE", "0.5"))
 # Strict capacity reserved at the workers: recovery work (catch-up lane, retries) may hold at
-# most the live slots left once this share is kept for on-time runs (at least 1 slot).
+# most the live slots left once this share is kept for on-time runs (at least 1 slot), in all
+# and on each worker.
 TICK_STRICT_RESERVED_SHARE = float(env_str("TICK_STRICT_RESERVED_SHARE", "0.5"))
 # An occurrence the share defers after waiting longer than this while a slot is free is
 # counted (tick_deferred_beside_free_slots_total, alert TickDeferredBesideFreeSlots).
@@ -437,6 +446,11 @@ TICK_WORKER_PRESENCE_INTERVAL_S = env_int("TICK_WORKER_PRESENCE_INTERVAL_S", 10)
 TICK_WORKER_PRESENCE_TTL_S = env_int("TICK_WORKER_PRESENCE_TTL_S", 30)
 # A worker retries a database outage this long (backoff) before handing the message back.
 TICK_WORKER_OUTAGE_RETRY_S = env_int("TICK_WORKER_OUTAGE_RETRY_S", 60)
+# A worker's connections are replaced after this many seconds (its CONN_MAX_AGE; the other
+# processes keep DATABASE_CONN_MAX_AGE): each replacement is a new backend that loads its
+# caches and prepares the claim's statements again (docs/decisions.md "Workers keep their
+# database connection").
+TICK_WORKER_CONN_MAX_AGE = env_int("TICK_WORKER_CONN_MAX_AGE", 600)
 # Group commit of successful completions in a pool process (execution/complete_batch.py):
 # queued ones are written together every this many ms (0: each completes at once, the
 # default: docs/decisions.md "Claim and completion in fewer round trips"), at once when this

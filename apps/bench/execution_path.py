@@ -8,7 +8,8 @@ Reported for the measured minutes:
 - PostgreSQL CPU per executed occurrence per phase: the backends serving each kind of bench
   process (`processes.backend_cpu`: materialize, relay, worker), the workers' split between
   claim and complete by the statement time pg_stat_statements gives each phase (pg_profile),
-  the rest of the server (WAL writer, checkpointer, autovacuum, the bench's own backend);
+  the rest of the server (WAL writer, checkpointer, autovacuum) and the bench's own backend
+  (its samples, part of "all" and of Tick's figure) apart;
 - CPU of every process per executed occurrence beside the same for bare Celery
   (`bare_celery_floor`: the same number of workers and slots, `apply_async` → `bare.noop` on
   the same broker, run right after Tick's processes stopped), and their ratio.
@@ -29,6 +30,7 @@ from django.db import connection
 from apps.bench.bare_celery import BROKER_ENV, TASK_NAME
 from apps.bench.pg_profile import Phase, Profile
 from apps.bench.processes import (
+    OWN_BACKEND_KIND,
     WORKER_KIND,
     WORKER_POOL_KIND,
     BenchProcesses,
@@ -177,6 +179,12 @@ class BareCeleryFloor:
         ]
 
 
+def _ratio(tick_us: float | None, bare: BareCeleryFloor | None) -> float | None:
+    if tick_us and bare is not None and bare.cpu_us_per_task:
+        return round(tick_us / bare.cpu_us_per_task, 2)
+    return None
+
+
 @dataclass
 class ExecutionWork:
     """The execution path's figures of one sustained run (module docstring)."""
@@ -192,6 +200,8 @@ class ExecutionWork:
     tick_cpu_us: float | None = None
     bare: BareCeleryFloor | None = None
     ratio_to_bare: float | None = None
+    tick_cpu_us_net: float | None = None
+    ratio_to_bare_net: float | None = None
 
     @property
     def executed_per_s(self) -> float | None:
@@ -218,19 +228,18 @@ class ExecutionWork:
             "complete": _per(worker_pg * (1 - claim_share), executed),
             "claim+complete": _per(worker_pg, executed),
             "rest of the server": _per(max(0.0, pg - backends), executed),
+            "bench's own backend": _per(backend_cpu_s.get(OWN_BACKEND_KIND, 0.0), executed),
             "all": _per(pg, executed),
         }
         tick = sum(cpu_s.get(kind, 0.0) for kind in TICK_KINDS)
         tick_us = _per(tick, executed)
-        ratio = (
-            round(tick_us / bare.cpu_us_per_task, 2)
-            if tick_us and bare is not None and bare.cpu_us_per_task
-            else None
-        )
+        # The same without the bench's own backend (its samples are the measurement's cost).
+        net_us = _per(tick - backend_cpu_s.get(OWN_BACKEND_KIND, 0.0), executed)
         return cls(
             workers=workers, concurrency=concurrency, stored=stored, minutes=minutes,
             backend_cpu_s=backend_cpu_s, pg_cpu_s=pg, cpu_s=cpu_s, pg_us_per_phase=per_phase,
-            tick_cpu_us=tick_us, bare=bare, ratio_to_bare=ratio,
+            tick_cpu_us=tick_us, bare=bare, ratio_to_bare=_ratio(tick_us, bare),
+            tick_cpu_us_net=net_us, ratio_to_bare_net=_ratio(net_us, bare),
         )  # fmt: skip
 
     def lines(self) -> list[str]:
@@ -243,11 +252,15 @@ class ExecutionWork:
             f"p99 {s.start_lag_p99_s} s, max {s.start_lag_max_s} s",
             f"  PostgreSQL CPU per executed occurrence (µs): {phases}",
             f"  CPU per executed occurrence, every Tick process + PostgreSQL + RabbitMQ: "
-            f"{self.tick_cpu_us} µs",
+            f"{self.tick_cpu_us} µs ({self.tick_cpu_us_net} µs without the bench's own "
+            f"backend)",
         ]
         if self.bare is not None:
             out += self.bare.lines()
-            out.append(f"  Tick / bare Celery CPU per occurrence: {self.ratio_to_bare}x")
+            out.append(
+                f"  Tick / bare Celery CPU per occurrence: {self.ratio_to_bare}x "
+                f"({self.ratio_to_bare_net}x without the bench's own backend)"
+            )
         return out
 
 

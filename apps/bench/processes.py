@@ -31,6 +31,8 @@ WORKER_POOL_KIND = "worker_pool"
 WORKER_READY_MARK = b" ready."
 # application_name of the bench processes' database connections: this prefix + their kind.
 BACKEND_APP_PREFIX = "tick-bench-"
+# backend_cpu's kind for the benchmark's own connection (its samples and readings).
+OWN_BACKEND_KIND = "bench"
 STOP_GRACE_S = 20.0
 
 
@@ -145,24 +147,37 @@ def postgresql_cpu_s() -> float:
 
 def backend_cpu() -> dict[int, tuple[str, float]]:
     """Per backend pid: the kind of bench process it serves (its `application_name`,
-    BenchProcesses._start) and its CPU seconds so far. Take the difference of two readings
-    per pid (`backend_cpu_diff`): the processes keep their connections (CONN_MAX_AGE)."""
+    BenchProcesses._start), or OWN_BACKEND_KIND for the backend of the caller's own
+    connection, and its CPU seconds so far. Take the difference of two readings per pid
+    (`backend_cpu_diff`); merge readings taken every few seconds (`backend_cpu_seen`) so
+    that connections replaced during a run still count."""
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT pid, application_name FROM pg_stat_activity WHERE application_name LIKE %s",
-            [f"{BACKEND_APP_PREFIX}%"],
+            "SELECT pid, CASE WHEN pid = pg_backend_pid() THEN %s "
+            "ELSE substr(application_name, %s) END FROM pg_stat_activity "
+            "WHERE application_name LIKE %s OR pid = pg_backend_pid()",
+            [OWN_BACKEND_KIND, len(BACKEND_APP_PREFIX) + 1, f"{BACKEND_APP_PREFIX}%"],
         )
         rows = cursor.fetchall()
-    return {
-        int(pid): (str(name)[len(BACKEND_APP_PREFIX) :], proc_cpu_s(int(pid))) for pid, name in rows
-    }
+    return {int(pid): (str(kind), proc_cpu_s(int(pid))) for pid, kind in rows}
+
+
+def backend_cpu_seen(
+    seen: dict[int, tuple[str, float]], reading: dict[int, tuple[str, float]]
+) -> dict[int, tuple[str, float]]:
+    """`seen` brought up to date by a newer `backend_cpu` reading: a backend gone since keeps
+    its last reading. A worker's connection is replaced every CONN_MAX_AGE, so over a run
+    most of the workers' backends end before the last reading; sampled every few seconds,
+    each counts up to its last sample instead of not at all."""
+    return {**seen, **reading}
 
 
 def backend_cpu_diff(
     before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]
 ) -> dict[str, float]:
-    """CPU seconds per kind between two `backend_cpu` readings; a backend that ended in
-    between is lost, one that started counts from its start."""
+    """CPU seconds per kind between two `backend_cpu` readings (or `backend_cpu_seen`
+    merges); a backend missing from `after` is lost, one that started counts from its
+    start."""
     cpu: dict[str, float] = {}
     for pid, (kind, seconds) in after.items():
         earlier = before.get(pid, (kind, 0.0))[1]
@@ -264,6 +279,16 @@ class BenchProcesses:
                 return time.monotonic() - started
             time.sleep(0.25)
         return None
+
+    def signal_kind(self, kind: str, signum: int) -> int:
+        """Send `signum` to every running process of `kind` (SIGSTOP/SIGCONT: a stall);
+        returns how many got it."""
+        sent = 0
+        for name, proc in self.procs.items():
+            if self.kinds[name] == kind and proc.poll() is None:
+                proc.send_signal(signum)
+                sent += 1
+        return sent
 
     def exited(self) -> dict[str, int]:
         return {n: code for n, p in self.procs.items() if (code := p.poll()) is not None}

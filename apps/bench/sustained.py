@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import tempfile
 import time
 import uuid
@@ -70,6 +71,7 @@ from apps.bench.processes import (
     BenchProcesses,
     backend_cpu,
     backend_cpu_diff,
+    backend_cpu_seen,
     declare_topology,
     delete_topology,
     proc_cpu_s,
@@ -812,32 +814,96 @@ def _check_running(procs: BenchProcesses) -> None:
         raise RuntimeError(f"bench processes exited: {exited} (logs in {procs.logs})")
 
 
+@dataclass
+class RelayStall:
+    """The relays stopped (SIGSTOP) `seconds` from `at_minute` measured minutes in, then let
+    go on (SIGCONT): a transient stall, and how the relays caught up after it."""
+
+    at_minute: int
+    seconds: float
+    stopped_at: float | None = None
+    resumed_at: float | None = None
+    caught_up_after_s: float | None = None
+    overdue_max: int = 0
+    oldest_due_s_max: float = 0.0
+
+    def tick(self, procs: BenchProcesses, start: datetime, depth: OutboxDepth | None) -> None:
+        now = time.monotonic()
+        if self.stopped_at is None:
+            if timezone.now() >= start + timedelta(minutes=self.at_minute):
+                procs.signal_kind("relay", signal.SIGSTOP)
+                self.stopped_at = now
+            return
+        if self.resumed_at is None:
+            if now - self.stopped_at >= self.seconds:
+                procs.signal_kind("relay", signal.SIGCONT)
+                self.resumed_at = now
+            return
+        if depth is None or self.caught_up_after_s is not None:
+            return
+        self.overdue_max = max(self.overdue_max, depth.overdue)
+        self.oldest_due_s_max = max(self.oldest_due_s_max, depth.oldest_due_s)
+        if depth.oldest_due_s <= HELD_OUTBOX_LATENESS_S:
+            self.caught_up_after_s = now - self.resumed_at
+
+    def line(self) -> str:
+        caught = (
+            f"caught up {self.caught_up_after_s:.0f} s after the restart (oldest due row "
+            f"<= {HELD_OUTBOX_LATENESS_S:.0f} s)"
+            if self.caught_up_after_s is not None
+            else "never caught up in the measured window"
+        )
+        return (
+            f"relay stall: relays stopped {self.seconds:.0f} s from minute {self.at_minute}; "
+            f"{caught}; after the restart at most {self.overdue_max} overdue rows, the oldest "
+            f"due {self.oldest_due_s_max:.0f} s"
+        )
+
+
 def _measure(
-    procs: BenchProcesses, start: datetime, minutes: int, say: Callable[[str], object]
+    procs: BenchProcesses,
+    start: datetime,
+    minutes: int,
+    say: Callable[[str], object],
+    stall: RelayStall | None = None,
 ) -> tuple[list[MinuteSamples], Profile, dict[str, float]]:
     """Readings at each minute boundary and outbox depth every SAMPLE_EVERY_S between; the
     PostgreSQL profile (pg_profile) of the measured minutes and the CPU of the backends
-    serving each process kind over them."""
+    serving each process kind over them, sampled with the outbox so that a backend closed
+    during the window counts up to its last sample (`backend_cpu_seen`). With a `stall`, the
+    relays are stopped and let go on as it says (checked at each sample)."""
     while timezone.now() < start:  # the warm-up
         _check_running(procs)
         time.sleep(min(1.0, max(0.0, (start - timezone.now()).total_seconds())))
     profile_reset()
     before = first = take_reading(procs)
+    seen = first.backends
     samples = []
     for n in range(1, minutes + 1):
         boundary = start + timedelta(minutes=n)
         depths = []
         while timezone.now() < boundary:
             depths.append(outbox_depth())
+            if stall is not None:
+                stall.tick(procs, start, depths[-1])
+            seen = backend_cpu_seen(seen, backend_cpu())
             _check_running(procs)
             time.sleep(min(SAMPLE_EVERY_S, max(0.0, (boundary - timezone.now()).total_seconds())))
         after = take_reading(procs)
+        if stall is not None:
+            say(stall.line())
         samples.append(
             minute_samples(before, after, depths, _wal_bytes(before.wal_lsn, after.wal_lsn))
         )
         say(f"minute {n}/{minutes} done; outbox {depths[-1] if depths else '-'}")
         before = after
-    return samples, profile_read(), backend_cpu_diff(first.backends, before.backends)
+        seen = backend_cpu_seen(seen, after.backends)
+    opened: dict[str, int] = {}
+    for pid, (kind, _) in seen.items():
+        if pid not in first.backends:
+            opened[kind] = opened.get(kind, 0) + 1
+    say(f"backends opened during the window, per kind: {dict(sorted(opened.items()))}")
+    return samples, profile_read(), backend_cpu_diff(first.backends, seen)
 
 
 def _drain(tenant_ids: list[uuid.UUID], start: datetime, end: datetime) -> None:
@@ -890,6 +956,7 @@ def bench_sustained(
     warmup_minutes: int = 0,
     floor: bool = True,
     execution: WorkerPlan | None = None,
+    relay_stall: tuple[int, float] | None = None,
     log: Callable[[str], object] | None = None,
 ) -> SustainedReport:
     say = log or (lambda message: None)
@@ -928,7 +995,8 @@ def bench_sustained(
             f"{start.isoformat()}"
         )
         end = start + timedelta(minutes=minutes)
-        samples, profile, backends = _measure(procs, start, minutes, say)
+        stall = RelayStall(*relay_stall) if relay_stall else None
+        samples, profile, backends = _measure(procs, start, minutes, say, stall)
         if executing:
             _drain_execution(tenant_ids, start, end)
         else:

@@ -114,10 +114,15 @@ ALERTED_SCHEDULE_EVENTS: Final = (ScheduleEvent.Kind.MISSED, ScheduleEvent.Kind.
 def record_schedule_event_alerts(cursor: CursorWrapper, events: Sequence[ScheduleEvent]) -> int:
     """Alerts for the MISSED and COMPLETED schedule events just written (saved rows)."""
     ids = [e.pk for e in events if e.kind in ALERTED_SCHEDULE_EVENTS and e.pk is not None]
+    return record_schedule_event_alerts_by_id(cursor, ids)
+
+
+def record_schedule_event_alerts_by_id(cursor: CursorWrapper, ids: Sequence[int]) -> int:
+    """Alerts for the saved schedule events `ids` that are MISSED or COMPLETED."""
     if not ids:
         return 0
     params: dict[str, Any] = {
-        "ids": ids,
+        "ids": list(ids),
         "missed_kind": ScheduleEvent.Kind.MISSED,
         "completed_kind": ScheduleEvent.Kind.COMPLETED,
         "missed_event": AlertEvent.OCCURRENCE_MISSED,

@@ -167,10 +167,9 @@ class BackfillReceipt:
 
 # The outbox rows of the occurrences just inserted that are due to run.
 _NEW_ROWS_OUTBOX = outbox_insert(
-    occurrence_id="id", scheduled_for="scheduled_for", schedule_id="%(schedule)s",
-    schedule_version="%(version)s", tenant_id="%(tenant)s", shard="%(shard)s", lane="%(lane)s",
-    available_at="%(now)s", created_at="%(now)s", source="FROM ins WHERE state = %(scheduled)s",
-    returning="RETURNING 1",
+    occurrence_id="id", schedule_id="%(schedule)s", schedule_version="%(version)s",
+    tenant_id="%(tenant)s", shard="%(shard)s", lane="%(lane)s", available_at="%(now)s",
+    source="FROM ins WHERE state = %(scheduled)s", returning="RETURNING 1",
 )  # fmt: skip
 
 # One statement for both: the occurrences and, for those inserted and due to run, their

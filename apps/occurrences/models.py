@@ -14,6 +14,7 @@ from django.db import models
 
 # Re-exported: the models and their callers name the lane through this module.
 from apps.occurrences.lanes import Lane as Lane
+from apps.tenants.models import ACTOR_MAX_LENGTH
 from apps.tenants.readable import instant_text
 
 # Namespace of occurrence ids; changing it would change every id, so it is a constant.
@@ -549,7 +550,7 @@ class BulkChange(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     tenant = models.ForeignKey("tenants.Tenant", on_delete=models.PROTECT)
     verb = models.CharField(max_length=16, choices=Verb.choices)
-    actor = models.CharField(max_length=150)
+    actor = models.CharField(max_length=ACTOR_MAX_LENGTH)
     # {"ids": [...]} or {"filter": {"state", "kind", "handler", "q", "label": [[k, v]]}}.
     selection = models.JSONField()
     state = models.CharField(max_length=16, choices=State.choices, default=State.RUNNING)

@@ -170,10 +170,8 @@ _HAS_RECALLABLE = """
 
 # A fresh outbox row for each occurrence a resume brings back.
 _RESTORED_OUTBOX = outbox_insert(
-    occurrence_id="id", scheduled_for="scheduled_for", schedule_id="schedule_id",
-    schedule_version="version", tenant_id="tenant_id", shard="shard", lane="lane",
-    available_at="available_at", created_at="%(now)s", source="FROM back", returning="RETURNING 1",
-)  # fmt: skip
+    occurrence_id="id", schedule_version="version", source="FROM back", returning="RETURNING 1"
+)
 
 # Resume, for one schedule (the verb) or many (bulk_batches.py): each one's current version's
 # occurrences its last pause canceled (`finished_at` is the pause's instant, as its `paused`

@@ -1,6 +1,6 @@
 """Tenant-scoped reads of occurrences and their attempts, and the one parser of the
 occurrence list filters (API, web pages; usable by the admin browser on any queryset), and
-the "next run" a schedule shows."""
+the "next run" and next fires a schedule shows."""
 
 from __future__ import annotations
 
@@ -10,13 +10,24 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
-from django.db.models import F, Min, OuterRef, QuerySet, Subquery
+from django.db.models import (
+    BooleanField,
+    ExpressionWrapper,
+    F,
+    OuterRef,
+    Q,
+    QuerySet,
+    Subquery,
+    Window,
+)
+from django.db.models.functions import RowNumber
 from django.http import Http404, QueryDict
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from apps.occurrences.models import Attempt, Lane, Occurrence
 from apps.schedules.models import Schedule
+from apps.schedules.services import rule_times_from
 from apps.tenants.models import Tenant
 
 
@@ -215,25 +226,36 @@ PENDING_STATES: tuple[Occurrence.State, ...] = (
 )
 
 
-def next_runs_shown(
-    schedules: Iterable[Schedule], *, now: datetime | None = None
-) -> dict[uuid.UUID, datetime | None]:
-    """The "next run" the API and the pages show for each schedule (docs/api.md): None unless
-    ACTIVE; otherwise the earliest instant not yet run — its earliest pending occurrence of the
-    current version, or else its `next_run_at` (the materializer's cursor), whichever comes
-    first. One query for all of them (a list page), bounded to the day partitions of the last
-    TICK_RETRY_DEADLINE_S, the window in which an occurrence can still be in flight
-    (docs/architecture.md, the backstop)."""
-    shown: dict[uuid.UUID, datetime | None] = {}
-    active: list[Schedule] = []
-    for schedule in schedules:
-        if schedule.state == Schedule.State.ACTIVE:
-            active.append(schedule)
-        shown[schedule.id] = None
-    if not active:
-        return shown
-    since = (now or timezone.now()) - timedelta(seconds=settings.TICK_RETRY_DEADLINE_S)
-    pending = dict(
+# How many instants `next_fires` lists (docs/api.md).
+NEXT_FIRES = 5
+
+# Pending occurrences whose instant has not fired yet. A RETRY_WAIT one has: its first attempt
+# ran at its instant; what waits is a retry, which `next_run_at` shows, not a fire of the rule
+# (docs/decisions.md "Next fires from the shown next run").
+NOT_FIRED_STATES: tuple[Occurrence.State, ...] = (
+    Occurrence.State.SCHEDULED,
+    Occurrence.State.ENQUEUED,
+)
+
+
+@dataclass(frozen=True)
+class UpcomingRuns:
+    """What a schedule shows of its future (docs/api.md "The next run of a schedule")."""
+
+    next_run_at: datetime | None
+    fires: tuple[datetime, ...]
+
+
+def _pending_instants(
+    active: list[Schedule], *, now: datetime, fires: int
+) -> dict[uuid.UUID, tuple[datetime | None, list[datetime]]]:
+    """Per schedule: its earliest pending instant (any of PENDING_STATES) and its earliest
+    `fires` instants not yet fired (NOT_FIRED_STATES), ascending. One query: a row number per
+    schedule and kind (retry or not) keeps at most `fires` rows of each, however many
+    instants a fast rule has written ahead."""
+    since = now - timedelta(seconds=settings.TICK_RETRY_DEADLINE_S)
+    retry = ExpressionWrapper(Q(state=Occurrence.State.RETRY_WAIT), output_field=BooleanField())
+    rows = (
         Occurrence.objects.filter(
             tenant_id__in={s.tenant_id for s in active},
             schedule_id__in=[s.id for s in active],
@@ -244,11 +266,68 @@ def next_runs_shown(
             origin=Occurrence.Origin.SCHEDULED,
             scheduled_for__gte=since,
         )
-        .values("schedule_id")
-        .annotate(earliest=Min("scheduled_for"))
-        .values_list("schedule_id", "earliest")
+        .annotate(
+            rank=Window(
+                RowNumber(),
+                partition_by=[F("schedule_id"), retry],
+                order_by=F("scheduled_for").asc(),
+            )
+        )
+        .filter(rank__lte=max(fires, 1))
+        .values_list("schedule_id", "scheduled_for", "state")
     )
+    found: dict[uuid.UUID, tuple[datetime | None, list[datetime]]] = {}
+    for schedule_id, scheduled_for, state in sorted(rows, key=lambda row: row[1]):
+        earliest, not_fired = found.get(schedule_id, (None, []))
+        if state in NOT_FIRED_STATES:
+            not_fired.append(scheduled_for)
+        found[schedule_id] = (earliest or scheduled_for, not_fired)
+    return found
+
+
+def upcoming_runs(
+    schedules: Iterable[Schedule], *, now: datetime, fires: int = NEXT_FIRES
+) -> dict[uuid.UUID, UpcomingRuns]:
+    """The "next run" and the next `fires` instants the API and the pages show for each
+    schedule (docs/api.md), nothing unless ACTIVE.
+
+    - next run: the earliest instant not yet run — its earliest pending occurrence of the
+      current version, or else its `next_run_at` (the materializer's cursor), whichever
+      comes first;
+    - fires: the instants not yet fired — its pending occurrences of the current version
+      that have not started (SCHEDULED, ENQUEUED), then the rule's instants from the cursor
+      on — the first `fires` of them before `end_at` (half-open).
+
+    Scheduled occurrences only (a run now or a backfill is no fire of the rule). One query
+    for all of them (a list page), bounded to the day partitions of the last
+    TICK_RETRY_DEADLINE_S, the window in which an occurrence can still be in flight
+    (docs/architecture.md, the backstop); the rule's instants are computed, not read."""
+    shown: dict[uuid.UUID, UpcomingRuns] = {}
+    active: list[Schedule] = []
+    for schedule in schedules:
+        if schedule.state == Schedule.State.ACTIVE:
+            active.append(schedule)
+        shown[schedule.id] = UpcomingRuns(None, ())
+    if not active:
+        return shown
+    pending = _pending_instants(active, now=now, fires=fires)
     for schedule in active:
-        candidates = [t for t in (pending.get(schedule.id), schedule.next_run_at) if t is not None]
-        shown[schedule.id] = min(candidates, default=None)
+        earliest, not_fired = pending.get(schedule.id, (None, []))
+        cursor = schedule.next_run_at
+        candidates = [t for t in (earliest, cursor) if t is not None]
+        ahead = set(not_fired)
+        if cursor is not None:
+            ahead.update(rule_times_from(schedule, cursor, fires - len(not_fired)))
+        end_at = schedule.end_at
+        listed = sorted(t for t in ahead if end_at is None or t < end_at)[:fires]
+        shown[schedule.id] = UpcomingRuns(min(candidates, default=None), tuple(listed))
     return shown
+
+
+def next_runs_shown(
+    schedules: Iterable[Schedule], *, now: datetime | None = None
+) -> dict[uuid.UUID, datetime | None]:
+    """The "next run" of each schedule (`upcoming_runs`), in the same one query, without
+    the instants of its next fires."""
+    upcoming = upcoming_runs(schedules, now=now or timezone.now(), fires=0)
+    return {schedule_id: runs.next_run_at for schedule_id, runs in upcoming.items()}

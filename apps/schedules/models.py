@@ -13,7 +13,7 @@ from django.db.models import JSONField, Value
 from django.db.models.functions import Upper
 
 from apps.schedules import rule_options
-from apps.tenants.models import Tenant
+from apps.tenants.models import ACTOR_MAX_LENGTH, Tenant
 
 
 class Schedule(models.Model):
@@ -217,7 +217,7 @@ class ScheduleEvent(models.Model):
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT)
     kind = models.CharField(max_length=16, choices=Kind.choices)
     version = models.PositiveIntegerField()
-    actor = models.CharField(max_length=100)
+    actor = models.CharField(max_length=ACTOR_MAX_LENGTH)
     at = models.DateTimeField()
     detail = models.JSONField(default=dict, blank=True)
 

@@ -9,6 +9,7 @@ locks the schedule and writes it through the schedule-side functions at the end 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol, TypeAlias
@@ -149,6 +150,28 @@ def rule_times_between(
         rule.expression, rule.time_zone, after, until,
         dst_gap=rule.dst_gap, dst_fold=rule.dst_fold, limit=limit,
     )  # fmt: skip
+
+
+def rule_times_from(schedule: Schedule, first: datetime, count: int) -> list[datetime]:
+    """A saved schedule's instants from `first` on (itself an instant of the rule: the
+    materializer's cursor; a one-shot's only one), at most `count`; the later ones before its
+    end_at (the caller bounds `first`)."""
+    if count <= 0:
+        return []
+    if schedule.kind == Schedule.Kind.ONE_SHOT:
+        return [first]
+    if schedule.kind == Schedule.Kind.INTERVAL:
+        # The constraint schedule_interval_defined: a fixed rate has its period and anchor.
+        assert schedule.interval_s is not None and schedule.start_at is not None
+        later = timerules.interval_fire_times(
+            schedule.interval_s, schedule.start_at, first, count - 1, end_at=schedule.end_at
+        )
+    else:
+        later = timerules.next_fire_times(
+            schedule.expression, schedule.time_zone, first, count - 1,
+            dst_gap=schedule.dst_gap, dst_fold=schedule.dst_fold, end_at=schedule.end_at,
+        )  # fmt: skip
+    return [first, *later]
 
 
 def _definition(schedule: Schedule) -> dict[str, Any]:
@@ -307,10 +330,10 @@ def schedule_preview(
             return []
         return [timerules.preview_one_shot(timing.run_at, timing.time_zone)]
     if timing.kind == Schedule.Kind.INTERVAL:
-        return timerules.interval_preview(
-            _period(timing), _anchor(timing), timing.time_zone, after, count,
-            end_at=timing.end_at,
-        )  # fmt: skip
+        times = timerules.interval_fire_times(
+            _period(timing), _anchor(timing), after, count, end_at=timing.end_at
+        )
+        return timerules.interval_preview(times, _period(timing), timing.time_zone)
     return timerules.preview(
         timing.expression,
         timing.time_zone,
@@ -333,6 +356,31 @@ def schedule_preview_saved(
     if schedule.next_run_at is not None and schedule.next_run_at <= now:
         after = schedule.next_run_at - timedelta(microseconds=1)
     return schedule_preview(timing=schedule, after=after, count=count)
+
+
+# Extra instants the rule's preview is asked for beyond the ones worded
+# (`schedule_preview_instants`): room for instants that ran out of turn between them.
+PREVIEW_SLACK = 10
+
+
+def schedule_preview_instants(
+    *, schedule: Schedule, instants: Sequence[datetime]
+) -> list[timerules.PreviewEntry]:
+    """Preview entries (UTC and local, with DST notes) of chosen instants of a saved
+    schedule's rule, ascending: its next fires as its page lists them (docs/ui.md). Worded
+    by the rule's preview from the first; an instant the preview does not reach (instants
+    that already ran between them took its places) gets no notes."""
+    if not instants:
+        return []
+    entries = schedule_preview(
+        timing=schedule,
+        after=instants[0] - timedelta(microseconds=1),
+        count=len(instants) + PREVIEW_SLACK,
+    )
+    by_instant = {entry.at_utc: entry for entry in entries}
+    return [
+        by_instant.get(at) or timerules.preview_one_shot(at, schedule.time_zone) for at in instants
+    ]
 
 
 # DST changes are looked for this far ahead, whatever the preview's count (docs/ui.md).

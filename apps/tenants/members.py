@@ -37,7 +37,13 @@ from apps.tenants.errors import (
     MembershipConflict,
     RefusedRequest,
 )
-from apps.tenants.models import Invitation, Membership, Tenant, TenantEvent
+from apps.tenants.models import (
+    USERNAME_MAX_LENGTH,
+    Invitation,
+    Membership,
+    Tenant,
+    TenantEvent,
+)
 from apps.tenants.services import log_tenant_event, member_keys_revoke
 
 
@@ -48,10 +54,6 @@ def _token_hash(token: str) -> str:
 
 def _lock_tenant(tenant: Tenant) -> None:
     Tenant.objects.select_for_update(no_key=True).filter(pk=tenant.pk).values_list("pk").get()
-
-
-# The invited address becomes the username of a new account (Django's username column).
-USERNAME_MAX = 150
 
 
 def _ttl() -> timedelta:
@@ -141,9 +143,10 @@ def invitation_create(
     expired ones included: re-sending renews that one. The address is stored as
     `address_canonical` makes it."""
     email = address_canonical(email)
-    if len(email) > USERNAME_MAX:
+    # The invited address becomes the username of a new account (Django's username column).
+    if len(email) > USERNAME_MAX_LENGTH:
         raise RefusedRequest(
-            f"Use an address of at most {USERNAME_MAX} characters: it becomes the username.",
+            f"Use an address of at most {USERNAME_MAX_LENGTH} characters: it becomes the username.",
             field="email",
         )
     if address_errors := email_address_errors(email):

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework import serializers, status
 from rest_framework.exceptions import PermissionDenied
 from rest_framework.request import Request
@@ -79,12 +79,20 @@ class MemberList(APIView):
 
 
 # One member's or invitation's endpoints: the tenant door before anything else, for every
-# method (404 over 405/403); `found` is the row it let through. (A comment, not a docstring:
-# the OpenAPI document would take a view's docstring as its operations' description.)
+# method (404 over 405/403); `found` is the row it let through, and GET answers it in the
+# class's `shown` serializer, documented as such. (A comment, not a docstring: the OpenAPI
+# document would take a view's docstring as its operations' description.)
 class _OneRow(APIView):
     checks_key_role = True  # the tenant door's 404 comes before the role's 403 (`_admin`)
     id_kwarg: ClassVar[str]
+    shown: ClassVar[type[serializers.ModelSerializer[Any]]]
     found: Any
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "shown" in vars(cls):
+            responses = {200: cls.shown, **_errors(404, *COMMON)}
+            extend_schema_view(get=extend_schema(responses=responses))(cls)
 
     def door(self, tenant: Tenant, row_id: Any) -> Any:
         raise NotImplementedError
@@ -93,16 +101,16 @@ class _OneRow(APIView):
         super().initial(request, *args, **kwargs)
         self.found = self.door(principal_of(request).tenant, kwargs[self.id_kwarg])
 
+    def get(self, request: Request, **kwargs: Any) -> Response:
+        return Response(self.shown(self.found).data)
+
 
 class MemberDetail(_OneRow):
     id_kwarg = "member_id"
+    shown = MemberSerializer
 
     def door(self, tenant: Tenant, row_id: Any) -> Membership:
         return members.access_membership(tenant=tenant, membership_id=row_id)
-
-    @extend_schema(responses={200: MemberSerializer, **_errors(404, *COMMON)})
-    def get(self, request: Request, member_id: int) -> Response:
-        return Response(MemberSerializer(self.found).data)
 
     @extend_schema(
         request=MemberUpdateSerializer,
@@ -164,13 +172,10 @@ class InvitationListCreate(APIView):
 
 class InvitationDetail(_OneRow):
     id_kwarg = "invitation_id"
+    shown = InvitationSerializer
 
     def door(self, tenant: Tenant, row_id: Any) -> Invitation:
         return members.access_invitation(tenant=tenant, invitation_id=row_id)
-
-    @extend_schema(responses={200: InvitationSerializer, **_errors(404, *COMMON)})
-    def get(self, request: Request, invitation_id: Any) -> Response:
-        return Response(InvitationSerializer(self.found).data)
 
 
 # Re-send and revoke: no body, the invitation as it is afterwards.

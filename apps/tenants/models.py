@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
+from typing import cast
 
 from django.conf import settings
+from django.contrib.auth.models import AbstractUser
 from django.contrib.postgres.fields import ArrayField
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
@@ -19,6 +21,17 @@ MAX_WEBHOOK_PORTS = 20
 # The most API keys one tenant may hold at once (neither revoked nor expired): a key is a
 # credential someone must answer for, not a counter.
 MAX_ACTIVE_API_KEYS = 50
+
+# The longest names an actor string carries: a username (Django's column) and an e-mail
+# address (Django's validator refuses one over 320 characters, RFC 3696's bound).
+USERNAME_MAX_LENGTH = cast(int, AbstractUser.username.field.max_length)
+EMAIL_ADDRESS_MAX_LENGTH = 320
+# Every column that stores an actor (the event logs, BulkChange, Invitation.invited_by) holds
+# the longest one Tick writes whole: "support:" + a username, or "email:" + the address that
+# confirmed an alert channel (docs/decisions.md "One bound for actor strings").
+ACTOR_MAX_LENGTH = max(
+    len("support:") + USERNAME_MAX_LENGTH, len("email:") + EMAIL_ADDRESS_MAX_LENGTH
+)
 
 
 class Tenant(models.Model):
@@ -190,7 +203,7 @@ class TenantEvent(models.Model):
     id = models.BigAutoField(primary_key=True)
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="events")
     kind = models.CharField(max_length=32, choices=Kind.choices)
-    actor = models.CharField(max_length=150)
+    actor = models.CharField(max_length=ACTOR_MAX_LENGTH)
     at = models.DateTimeField()
     detail = models.JSONField(default=dict, blank=True)
 
@@ -265,7 +278,7 @@ class Invitation(models.Model):
     email = models.EmailField(max_length=254)
     role = models.CharField(max_length=16, choices=Membership.Role.choices)
     token_hash = models.CharField(max_length=64, unique=True)
-    invited_by = models.CharField(max_length=150)
+    invited_by = models.CharField(max_length=ACTOR_MAX_LENGTH)
     created_at = models.DateTimeField()
     sent_at = models.DateTimeField()
     expires_at = models.DateTimeField()

@@ -1,6 +1,6 @@
 """What docs/decisions.md "Layout of the occurrences app" and docs/architecture.md promise about
 the code's shape, checked: every module of a package is named in its reading guide (the
-package's `__init__.py` docstring), and no function body in production code is longer than
+package's `__init__.py` docstring), once, and no function body in production code is longer than
 60 lines."""
 
 from __future__ import annotations
@@ -57,6 +57,17 @@ def test_every_module_is_in_its_package_guide() -> None:
         if absent:
             missing[str(package.relative_to(ROOT))] = absent
     assert missing == {}, "name each module in its package's __init__ docstring"
+
+
+def test_no_module_has_two_entries_in_its_guide() -> None:
+    # An entry is a line that starts with the module's file name; two are a merge's trace.
+    twice: dict[str, list[str]] = {}
+    for package in _packages():
+        guide = ast.get_docstring(ast.parse((package / "__init__.py").read_text())) or ""
+        heads = re.findall(r"^(\w+\.py)\b", guide, re.MULTILINE)
+        if repeated := sorted({name for name in heads if heads.count(name) > 1}):
+            twice[str(package.relative_to(ROOT))] = repeated
+    assert twice == {}, "name each module once in its package's __init__ docstring"
 
 
 def test_the_guide_check_sees_a_package() -> None:

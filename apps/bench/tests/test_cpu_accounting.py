@@ -11,7 +11,13 @@ import psycopg
 import pytest
 from django.conf import settings
 
-from apps.bench.processes import proc_cpu_s, services_cpu, tree_cpu_s
+from apps.bench.processes import (
+    backend_cpu_diff,
+    backend_cpu_seen,
+    proc_cpu_s,
+    services_cpu,
+    tree_cpu_s,
+)
 
 # A parent that starts two children, each burning ~0.4 s of CPU, waits for them, then idles.
 _TREE = """
@@ -57,3 +63,13 @@ def test_postgresql_cpu_counts_a_backend_that_has_exited():
     spent = services_cpu()["postgresql"] - before
     # The backend is gone, its CPU is not: the query's time (it is CPU-bound) is counted.
     assert spent >= 0.5 * busy_s > 0
+
+
+def test_a_backend_closed_during_the_run_counts_up_to_its_last_sample():
+    first = {1: ("worker", 10.0), 9: ("relay", 4.0)}
+    seen = backend_cpu_seen(first, {1: ("worker", 12.0), 2: ("worker", 0.5), 9: ("relay", 5.0)})
+    last = {2: ("worker", 1.5), 3: ("worker", 0.2), 9: ("relay", 6.0)}  # 1 was replaced by 3
+    seen = backend_cpu_seen(seen, last)
+    # Backend 1's two seconds before it closed count; the last reading alone loses them.
+    assert backend_cpu_diff(first, seen) == {"worker": 3.7, "relay": 2.0}
+    assert backend_cpu_diff(first, last) == {"worker": 1.7, "relay": 2.0}

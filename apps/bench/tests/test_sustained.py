@@ -333,15 +333,18 @@ def test_execution_work_splits_the_workers_backends_by_statement_time():
     bare = BareCeleryFloor(1, 2, 1000, 1000, 60.0, {}, cpu_us_per_task=500.0)
     work = ExecutionWork.of(
         workers=1, concurrency=2, stored=stored, minutes=1, profile=profile, bare=bare,
-        backend_cpu_s={"materialize": 0.05, "relay": 0.02, "worker": 0.4},
+        backend_cpu_s={"materialize": 0.05, "relay": 0.02, "worker": 0.4, "bench": 0.01},
         cpu_s={"postgresql": 0.6, "worker_pool": 0.4, "rabbitmq": 0.1, "bench": 9.0},
     )  # fmt: skip
     phases = work.pg_us_per_phase
     assert (phases["materialize"], phases["relay"]) == (50.0, 20.0)
     assert (phases["claim"], phases["complete"], phases["claim+complete"]) == (300.0, 100.0, 400.0)
-    assert phases["rest of the server"] == 130.0 and phases["all"] == 600.0
+    assert phases["rest of the server"] == 120.0 and phases["bench's own backend"] == 10.0
+    assert phases["all"] == 600.0
     # The bench process itself is not Tick's cost.
     assert work.tick_cpu_us == 1100.0 and work.ratio_to_bare == 2.2
+    # ... and the bench's own backend (its samples) is shown apart.
+    assert work.tick_cpu_us_net == 1090.0 and work.ratio_to_bare_net == 2.18
 
 
 def _work_rows(cpu_s: list[float], wal_bytes: list[int], enqueued: int = 1000) -> list[MinuteRow]:

@@ -33,10 +33,8 @@ from apps.occurrences.alerts.serializers import (
     channel_as_input,
     rule_as_input,
 )
-from apps.occurrences.models import AlertChannel, AlertRule
 from apps.tenants.authentication import principal_of
 from apps.tenants.idempotency import idempotent_post
-from apps.tenants.models import Tenant
 
 _errors = error_table(
     {
@@ -77,41 +75,21 @@ class _Kind:
     """What differs between the channel endpoints and the rule endpoints: the rest of a
     list, create, change or delete is the same (the helpers below)."""
 
-    model: Any  # AlertChannel or AlertRule
+    rows: configure.ConfigKind  # model, tenant door, services
     input: Callable[..., Any]  # the input serializer, with `to_spec()`
     output: type[serializers.BaseSerializer[Any]]
-    access: Callable[[Tenant, Any], Any]  # the tenant door: another tenant's id is a 404
     as_input: Callable[[Any], dict[str, Any]]
-    create: Callable[..., Any]  # (tenant=, spec=, actor=)
-    update: Callable[[Any, Any, str], Any]  # (row, spec, actor)
-    delete: Callable[[Any, str], None]  # (row, actor)
 
 
 _CHANNELS = _Kind(
-    model=AlertChannel,
-    input=AlertChannelInputSerializer,
-    output=AlertChannelSerializer,
-    access=lambda tenant, pk: configure.access_channel(tenant=tenant, channel_id=pk),
-    as_input=channel_as_input,
-    create=configure.channel_create,
-    update=lambda row, spec, actor: configure.channel_update(channel=row, spec=spec, actor=actor),
-    delete=lambda row, actor: configure.channel_delete(channel=row, actor=actor),
+    configure.CHANNELS, AlertChannelInputSerializer, AlertChannelSerializer, channel_as_input
 )
-_RULES = _Kind(
-    model=AlertRule,
-    input=AlertRuleInputSerializer,
-    output=AlertRuleSerializer,
-    access=lambda tenant, pk: configure.access_rule(tenant=tenant, rule_id=pk),
-    as_input=rule_as_input,
-    create=configure.rule_create,
-    update=lambda row, spec, actor: configure.rule_update(rule=row, spec=spec, actor=actor),
-    delete=lambda row, actor: configure.rule_delete(rule=row, actor=actor),
-)
+_RULES = _Kind(configure.RULES, AlertRuleInputSerializer, AlertRuleSerializer, rule_as_input)
 
 
 def _list(request: Request, kind: _Kind) -> Response:
     _no_query(request)
-    rows = kind.model.objects.filter(tenant=principal_of(request).tenant)
+    rows = kind.rows.model.objects.filter(tenant=principal_of(request).tenant)
     return Response(kind.output(rows, many=True).data)
 
 
@@ -123,14 +101,16 @@ def _create(request: Request, kind: _Kind) -> Response:
         body = kind.input(data=request.data)
         body.is_valid(raise_exception=True)
         with _config_errors():
-            row = kind.create(tenant=principal.tenant, spec=body.to_spec(), actor=principal.actor)
+            row = kind.rows.create(
+                tenant=principal.tenant, spec=body.to_spec(), actor=principal.actor
+            )
         return status.HTTP_201_CREATED, dict(kind.output(row).data)
 
     return idempotent_post(request, make)
 
 
 def _detail(request: Request, kind: _Kind, pk: Any) -> Response:
-    row = kind.access(principal_of(request).tenant, pk)
+    row = kind.rows.access(principal_of(request).tenant, pk)
     _no_query(request)
     return Response(kind.output(row).data)
 
@@ -138,17 +118,17 @@ def _detail(request: Request, kind: _Kind, pk: Any) -> Response:
 def _update(request: Request, kind: _Kind, pk: Any) -> Response:
     """The given fields over the saved ones, the whole validated as on create."""
     principal = principal_of(request)
-    row = kind.access(principal.tenant, pk)
+    row = kind.rows.access(principal.tenant, pk)
     body = kind.input(data={**kind.as_input(row), **_object_body(request)})
     body.is_valid(raise_exception=True)
     with _config_errors():
-        row = kind.update(row, body.to_spec(), principal.actor)
+        row = kind.rows.update(row, body.to_spec(), principal.actor)
     return Response(kind.output(row).data)
 
 
 def _delete(request: Request, kind: _Kind, pk: Any) -> Response:
     principal = principal_of(request)
-    kind.delete(kind.access(principal.tenant, pk), principal.actor)
+    kind.rows.delete(kind.rows.access(principal.tenant, pk), principal.actor)
     return Response(status=status.HTTP_204_NO_CONTENT)
 
 

@@ -4,7 +4,7 @@ the tenant's account log), and the "send test alert" operation."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -223,6 +223,37 @@ def rule_delete(*, rule: AlertRule, actor: str) -> None:
     with transaction.atomic():
         _log_rule(rule, actor, "deleted")
         rule.delete()
+
+
+@dataclass(frozen=True)
+class ConfigKind:
+    """One kind of alert configuration (channels, rules) as the API and the Alerts page reach
+    it: its rows, its spec, its tenant door (another tenant's id is a 404) and its services."""
+
+    model: type[AlertChannel] | type[AlertRule]
+    spec: type[ChannelSpec] | type[RuleSpec]
+    access: Callable[[Tenant, Any], Any]
+    create: Callable[..., Any]  # (tenant=, spec=, actor=)
+    update: Callable[[Any, Any, str], Any]  # (row, spec, actor)
+    delete: Callable[[Any, str], None]  # (row, actor)
+
+
+CHANNELS = ConfigKind(
+    model=AlertChannel,
+    spec=ChannelSpec,
+    access=lambda tenant, pk: access_channel(tenant=tenant, channel_id=pk),
+    create=channel_create,
+    update=lambda row, spec, actor: channel_update(channel=row, spec=spec, actor=actor),
+    delete=lambda row, actor: channel_delete(channel=row, actor=actor),
+)
+RULES = ConfigKind(
+    model=AlertRule,
+    spec=RuleSpec,
+    access=lambda tenant, pk: access_rule(tenant=tenant, rule_id=pk),
+    create=rule_create,
+    update=lambda row, spec, actor: rule_update(rule=row, spec=spec, actor=actor),
+    delete=lambda row, actor: rule_delete(rule=row, actor=actor),
+)
 
 
 def send_test_alert(*, channel: AlertChannel, actor: str) -> Alert:

@@ -8,23 +8,27 @@ urlpatterns = [
     path("alerts/", views.alerts, name="alerts"),
     path("alerts/channels/", views.alert_channel_add, name="alert-channel-add"),
     path(
-        "alerts/channels/<uuid:channel_id>/toggle/",
-        views.alert_channel_toggle,
+        "alerts/channels/<uuid:row_id>/toggle/",
+        views.alert_toggle,
+        {"kind": views.CHANNEL},
         name="alert-channel-toggle",
     ),
     path(
-        "alerts/channels/<uuid:channel_id>/delete/",
-        views.alert_channel_delete,
+        "alerts/channels/<uuid:row_id>/delete/",
+        views.alert_delete,
+        {"kind": views.CHANNEL},
         name="alert-channel-delete",
     ),
     path(
-        "alerts/channels/<uuid:channel_id>/test/",
-        views.alert_channel_test,
+        "alerts/channels/<uuid:row_id>/test/",
+        views.alert_channel_action,
+        {"action": views.TEST_ALERT},
         name="alert-channel-test",
     ),
     path(
-        "alerts/channels/<uuid:channel_id>/confirmation/",
-        views.alert_channel_confirmation,
+        "alerts/channels/<uuid:row_id>/confirmation/",
+        views.alert_channel_action,
+        {"action": views.CONFIRMATION_RESEND},
         name="alert-channel-confirmation",
     ),
     path(
@@ -34,13 +38,15 @@ urlpatterns = [
     ),  # fmt: skip
     path("alerts/rules/", views.alert_rule_add, name="alert-rule-add"),
     path(
-        "alerts/rules/<uuid:rule_id>/toggle/",
-        views.alert_rule_toggle,
+        "alerts/rules/<uuid:row_id>/toggle/",
+        views.alert_toggle,
+        {"kind": views.RULE},
         name="alert-rule-toggle",
     ),
     path(
-        "alerts/rules/<uuid:rule_id>/delete/",
-        views.alert_rule_delete,
+        "alerts/rules/<uuid:row_id>/delete/",
+        views.alert_delete,
+        {"kind": views.RULE},
         name="alert-rule-delete",
     ),
 ]

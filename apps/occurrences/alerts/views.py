@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from functools import wraps
 from typing import Any, TypeVar, cast
 
@@ -19,17 +19,12 @@ from django.views.decorators.http import require_POST
 
 from apps.core.pagination import web_page
 from apps.occurrences.alerts.configure import (
+    CHANNELS,
+    RULES,
     AlertConfigError,
-    ChannelSpec,
-    RuleSpec,
-    access_channel,
-    access_rule,
+    ConfigKind,
     channel_create,
-    channel_delete,
-    channel_update,
     rule_create,
-    rule_delete,
-    rule_update,
     send_test_alert,
 )
 from apps.occurrences.alerts.confirm import (
@@ -97,14 +92,6 @@ def _admin_change(view: View) -> View:
     return cast(View, wrapper)
 
 
-def _channel(request: HttpRequest, channel_id: uuid.UUID) -> AlertChannel:
-    return access_channel(tenant=tick_of(request).tenant, channel_id=channel_id)
-
-
-def _rule(request: HttpRequest, rule_id: uuid.UUID) -> AlertRule:
-    return access_rule(tenant=tick_of(request).tenant, rule_id=rule_id)
-
-
 def _done(request: HttpRequest, message: str) -> HttpResponse:
     messages.success(request, message)
     return redirect("alerts")
@@ -128,27 +115,58 @@ def _attempt(
     return _done(request, done(result))
 
 
-def _toggle(
-    request: HttpRequest,
-    row: AlertChannel | AlertRule,
-    spec_type: type[ChannelSpec | RuleSpec],
-    update: Callable[[Any], AlertChannel | AlertRule],
-    *,
-    label: str,
-    failed: str,
-    disabled: str,
-) -> HttpResponse:
+@dataclass(frozen=True)
+class RowKind:
+    """A kind of row the page enables, disables and deletes (channels, rules): its door and
+    services (configure.py), and the words of its messages."""
+
+    rows: ConfigKind
+    label: Callable[[Any], str]
+    not_changed: Callable[[Any], str]
+    disabled: str
+    deleted: str
+
+
+CHANNEL = RowKind(
+    CHANNELS,
+    label=lambda channel: f"Channel “{channel.name}”",
+    not_changed=lambda channel: f"Channel “{channel.name}” not changed",
+    disabled="disabled: its rules record nothing.",
+    deleted="deleted, with its rules and history.",
+)
+RULE = RowKind(
+    RULES,
+    label=lambda rule: f"Rule {rule.get_event_display()}",
+    not_changed=lambda _: "Rule not changed",
+    disabled="disabled.",
+    deleted="deleted.",
+)
+
+
+@_admin_change
+def alert_toggle(request: HttpRequest, row_id: uuid.UUID, kind: RowKind) -> HttpResponse:
     """Enable a disabled channel or rule, or disable an enabled one: its update service with
-    the row's own values but `enabled` flipped."""
-    values = {field.name: getattr(row, field.name) for field in fields(spec_type)}
-    spec = spec_type(**{**values, "enabled": not row.enabled})
+    the row's own values but `enabled` flipped (the URL conf names the kind)."""
+    row = kind.rows.access(tick_of(request).tenant, row_id)
+    values = {field.name: getattr(row, field.name) for field in fields(kind.rows.spec)}
+    spec = kind.rows.spec(**{**values, "enabled": not row.enabled})
     return _attempt(
         request,
-        lambda: update(spec),
+        lambda: kind.rows.update(row, spec, actor_of(request)),
         refusal=AlertConfigError,
-        failed=failed,
-        done=lambda changed: f"{label} " + ("enabled." if changed.enabled else disabled),
+        failed=kind.not_changed(row),
+        done=lambda changed: (
+            f"{kind.label(row)} " + ("enabled." if changed.enabled else kind.disabled)
+        ),
     )
+
+
+@_admin_change
+def alert_delete(request: HttpRequest, row_id: uuid.UUID, kind: RowKind) -> HttpResponse:
+    """Delete a channel (with its rules and history) or a rule (the URL conf names the kind)."""
+    row = kind.rows.access(tick_of(request).tenant, row_id)
+    kind.rows.delete(row, actor_of(request))
+    return _done(request, f"{kind.label(row)} {kind.deleted}")
 
 
 @_admin_change
@@ -174,48 +192,43 @@ def alert_channel_add(request: HttpRequest) -> HttpResponse:
     return _page(request, channel_form=form, status=400)
 
 
-@_admin_change
-def alert_channel_toggle(request: HttpRequest, channel_id: uuid.UUID) -> HttpResponse:
-    channel = _channel(request, channel_id)
-    return _toggle(
-        request, channel, ChannelSpec,
-        lambda spec: channel_update(channel=channel, spec=spec, actor=actor_of(request)),
-        label=f"Channel “{channel.name}”", failed=f"Channel “{channel.name}” not changed",
-        disabled="disabled: its rules record nothing.",
-    )  # fmt: skip
+@dataclass(frozen=True)
+class ChannelAction:
+    """A channel's one-button action on the page that a refusal can stop (a test alert, a
+    new confirmation mail): its service and the words of its messages."""
+
+    call: Callable[[AlertChannel, str], Any]  # (channel, actor)
+    failed: Callable[[AlertChannel], str]
+    done: Callable[[AlertChannel, Any], str]
+
+
+TEST_ALERT = ChannelAction(
+    call=lambda channel, actor: send_test_alert(channel=channel, actor=actor),
+    failed=lambda channel: f"No test alert for “{channel.name}”",
+    done=lambda channel, alert: (
+        f"Test alert {alert.id} recorded for “{channel.name}”: the reaper "
+        "sends it on its next pass. Its delivery state is in the history below."
+    ),
+)
+CONFIRMATION_RESEND = ChannelAction(
+    call=lambda channel, actor: confirmation_resend(channel=channel, actor=actor),
+    failed=lambda channel: f"No confirmation mail for “{channel.name}”",
+    done=lambda channel, _: f"A new confirmation link was mailed to {channel.target}.",
+)
 
 
 @_admin_change
-def alert_channel_delete(request: HttpRequest, channel_id: uuid.UUID) -> HttpResponse:
-    channel = _channel(request, channel_id)
-    channel_delete(channel=channel, actor=actor_of(request))
-    return _done(request, f"Channel “{channel.name}” deleted, with its rules and history.")
-
-
-@_admin_change
-def alert_channel_test(request: HttpRequest, channel_id: uuid.UUID) -> HttpResponse:
-    channel = _channel(request, channel_id)
+def alert_channel_action(
+    request: HttpRequest, row_id: uuid.UUID, action: ChannelAction
+) -> HttpResponse:
+    """Run a channel's action (the URL conf names it), then back to the page with its words."""
+    channel: AlertChannel = CHANNELS.access(tick_of(request).tenant, row_id)
     return _attempt(
         request,
-        lambda: send_test_alert(channel=channel, actor=actor_of(request)),
+        lambda: action.call(channel, actor_of(request)),
         refusal=RefusedRequest,
-        failed=f"No test alert for “{channel.name}”",
-        done=lambda alert: (
-            f"Test alert {alert.id} recorded for “{channel.name}”: the reaper "
-            "sends it on its next pass. Its delivery state is in the history below."
-        ),
-    )
-
-
-@_admin_change
-def alert_channel_confirmation(request: HttpRequest, channel_id: uuid.UUID) -> HttpResponse:
-    channel = _channel(request, channel_id)
-    return _attempt(
-        request,
-        lambda: confirmation_resend(channel=channel, actor=actor_of(request)),
-        refusal=RefusedRequest,
-        failed=f"No confirmation mail for “{channel.name}”",
-        done=lambda _: f"A new confirmation link was mailed to {channel.target}.",
+        failed=action.failed(channel),
+        done=lambda result: action.done(channel, result),
     )
 
 
@@ -249,20 +262,3 @@ def alert_rule_add(request: HttpRequest) -> HttpResponse:
                 request, f"Rule added: {rule.get_event_display()} → “{rule.channel.name}”."
             )
     return _page(request, rule_form=form, status=400)
-
-
-@_admin_change
-def alert_rule_toggle(request: HttpRequest, rule_id: uuid.UUID) -> HttpResponse:
-    rule = _rule(request, rule_id)
-    return _toggle(
-        request, rule, RuleSpec,
-        lambda spec: rule_update(rule=rule, spec=spec, actor=actor_of(request)),
-        label=f"Rule {rule.get_event_display()}", failed="Rule not changed", disabled="disabled.",
-    )  # fmt: skip
-
-
-@_admin_change
-def alert_rule_delete(request: HttpRequest, rule_id: uuid.UUID) -> HttpResponse:
-    rule = _rule(request, rule_id)
-    rule_delete(rule=rule, actor=actor_of(request))
-    return _done(request, f"Rule {rule.get_event_display()} deleted.")

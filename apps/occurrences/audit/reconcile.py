@@ -65,6 +65,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
+from apps.core.config import SettingsConfig, setting
 from apps.occurrences.audit import cron_matcher
 from apps.occurrences.models import OCCURRENCE_NAMESPACE, Lane, Occurrence
 from apps.schedules.models import Schedule, ScheduleEvent
@@ -125,23 +126,13 @@ class Finding:
     age_s: float | None = None
 
 
-@dataclass(frozen=True)
-class StuckBounds:
+class StuckBounds(SettingsConfig):
     """Seconds a row may sit in a pending state (or next_run_at may lag) before it fails."""
 
-    enqueued_s: int
-    scheduled_s: int
-    running_s: int
-    materialize_lag_s: int
-
-    @classmethod
-    def from_settings(cls) -> StuckBounds:
-        return cls(
-            enqueued_s=settings.TICK_AUDIT_ENQUEUED_BOUND_S,
-            scheduled_s=settings.TICK_AUDIT_SCHEDULED_BOUND_S,
-            running_s=settings.TICK_AUDIT_RUNNING_BOUND_S,
-            materialize_lag_s=settings.TICK_AUDIT_MATERIALIZE_LAG_S,
-        )
+    enqueued_s: int = setting("TICK_AUDIT_ENQUEUED_BOUND_S")
+    scheduled_s: int = setting("TICK_AUDIT_SCHEDULED_BOUND_S")
+    running_s: int = setting("TICK_AUDIT_RUNNING_BOUND_S")
+    materialize_lag_s: int = setting("TICK_AUDIT_MATERIALIZE_LAG_S")
 
 
 @dataclass

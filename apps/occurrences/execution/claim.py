@@ -67,6 +67,7 @@ from apps.occurrences.execution.presence import (
     live_capacity,
     recovery_slot_limit,
     tenant_slot_limit,
+    worker_host,
 )
 from apps.occurrences.execution.registry import handler_spec
 from apps.occurrences.execution.requeue import OutboxTarget, requeue_through_outbox
@@ -442,7 +443,7 @@ def _quota_and_open(
     )
     if opened is not None:
         return opened
-    verdict = _quota_verdict(cursor, row, now, running=running, share=share)
+    verdict = _quota_verdict(cursor, row, now, running=running, share=share, worker_id=worker_id)
     if verdict is not None:
         return verdict
     _, opened = _open_attempt(cursor, row, worker_id, now, below=None)
@@ -451,7 +452,13 @@ def _quota_and_open(
 
 
 def _quota_verdict(
-    cursor: CursorWrapper, row: _ClaimRow, now: datetime, *, running: int, share: int | None
+    cursor: CursorWrapper,
+    row: _ClaimRow,
+    now: datetime,
+    *,
+    running: int,
+    share: int | None,
+    worker_id: str,
 ) -> ClaimStatus | None:
     """Step c, under the tenant lock, given the tenant's open attempts: at the tenant's run
     limit (`max_running`, or its fair share of the live worker slots while another tenant has
@@ -467,7 +474,7 @@ def _quota_verdict(
         and _held_to_share(cursor, row.tenant_id, share, on_time=_on_time(row))
     ):
         delayed = metrics.fair_share_delays
-    elif not _on_time(row) and _recovery_full(cursor):
+    elif not _on_time(row) and _recovery_full(cursor, worker_id):
         delayed = metrics.strict_reserve_delays
     else:
         return None
@@ -488,27 +495,41 @@ def _quota_verdict(
     return ClaimStatus.DELAYED
 
 
-# Recovery work running now (presence.LIVE_ATTEMPT): catch-up lane runs and retries.
+# Recovery work running now (presence.LIVE_ATTEMPT): catch-up lane runs and retries, in all
+# and on the claiming worker (worker_id = "<hostname>:<pid>", tasks.py), with that worker's
+# live slots (NULL: it has not announced itself).
 _RECOVERY_RUNNING = f"""
-    SELECT count(*) FROM occurrences_attempt a
+    SELECT count(*),
+           count(*) FILTER (WHERE left(a.worker_id, length(%(host)s) + 1) = %(host)s || ':'),
+           (SELECT p.slots FROM occurrences_workerpresence p
+            WHERE p.hostname = %(host)s
+              AND p.seen_at > now() - make_interval(secs => %(presence_ttl_s)s))
+    FROM occurrences_attempt a
     JOIN occurrences_occurrence o ON o.id = a.occurrence_id AND o.scheduled_for = a.scheduled_for
     WHERE {LIVE_ATTEMPT} AND (a.attempt_no > 1 OR o.lane = %(catchup_lane)s)
 """
 
 
-def _recovery_full(cursor: CursorWrapper) -> bool:
-    """Whether recovery work already holds every slot it may (presence.py, step 5): counted
-    fresh under RECOVERY_LOCK - recovery claims are few (paced by the catch-up rates), and a
-    per-process cached count let four claims at once take every slot."""
+def _recovery_full(cursor: CursorWrapper, worker_id: str) -> bool:
+    """Whether recovery work already holds every slot it may (presence.py, step 5), in all
+    or on the claiming worker: counted fresh under RECOVERY_LOCK - recovery claims are few
+    (paced by the catch-up rates), and a per-process cached count let four claims at once
+    take every slot."""
     capacity = live_capacity()
     if capacity is None:
         return False
     advisory_lock(cursor, RECOVERY_LOCK, RECOVERY_KEY)
     cursor.execute(_RECOVERY_RUNNING, {
         "presence_ttl_s": settings.TICK_WORKER_PRESENCE_TTL_S, "catchup_lane": Lane.CATCHUP,
+        "host": worker_host(worker_id),
     })  # fmt: skip
     found = cursor.fetchone()
-    return (int(found[0]) if found else 0) >= recovery_slot_limit(capacity)
+    if found is None:
+        return False
+    running, on_this_worker, worker_slots = found
+    if int(running) >= recovery_slot_limit(capacity):
+        return True
+    return worker_slots is not None and int(on_this_worker) >= recovery_slot_limit(worker_slots)
 
 
 def _on_time(row: _ClaimRow) -> bool:

@@ -28,9 +28,13 @@ claim's step c, claim.py; docs/decisions.md "No tenant can starve another").
 5. Strict capacity is reserved at the workers too: *recovery work* - a run in the catch-up
    lane (misfire catch-up, a stale fire-once, a backfill) or a retry (attempt 2 on) - may
    hold at most the slots left once TICK_STRICT_RESERVED_SHARE of the live capacity is kept
-   for on-time runs (`recovery_slot_limit`); beyond that its claim is deferred like an
-   over-share one. Counted fresh under one advisory lock by each recovery claim (claim.py):
-   live attempts only.
+   for on-time runs (`recovery_slot_limit`), and on each worker at most the slots left once
+   the same share of that worker's announced slots is kept; beyond either its claim is
+   deferred like an over-share one. Per worker because each worker holds messages it has
+   not started: with quorum queues Celery's prefetch applies per queue, so a worker takes
+   up to its prefetch from *every* lane queue, and an on-time message it took while recovery
+   runs held all its slots waited behind them beside another worker's free slots. Counted
+   fresh under one advisory lock by each recovery claim (claim.py): live attempts only.
 6. On-time work goes first within a tenant's share too (lane priority): an on-time claim (a
    first attempt outside the catch-up lane) counts only the tenant's live on-time attempts,
    and is held only by other tenants' on-time work waiting - recovery work of its own or of
@@ -260,6 +264,12 @@ def recovery_slot_limit(capacity: int) -> int:
     """The most live attempts recovery work may hold (step 5): the slots left once
     TICK_STRICT_RESERVED_SHARE of the capacity is kept for on-time runs; at least 1."""
     return max(1, math.floor(capacity * (1 - settings.TICK_STRICT_RESERVED_SHARE)))
+
+
+def worker_host(worker_id: str) -> str:
+    """The hostname of the worker an attempt's `worker_id` ("<hostname>:<pid>", tasks.py)
+    names: its presence row's key (step 1)."""
+    return worker_id.rsplit(":", 1)[0][:200]
 
 
 def contention_forget() -> None:

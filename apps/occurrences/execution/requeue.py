@@ -33,7 +33,7 @@ class OutboxTarget:
 _REQUEUE_ONE = outbox_insert(
     occurrence_id="%(occurrence)s", scheduled_for="%(scheduled_for)s", schedule_id="%(schedule)s",
     schedule_version="%(version)s", tenant_id="%(tenant)s", shard="%(shard)s", lane="%(lane)s",
-    available_at="%(available_at)s", created_at="%(now)s",
+    available_at="%(available_at)s",
 )  # fmt: skip
 
 
@@ -53,6 +53,6 @@ def requeue_through_outbox(
 REQUEUED_TO_OUTBOX = outbox_insert(
     occurrence_id="r.id", scheduled_for="r.scheduled_for", schedule_id="r.schedule_id",
     schedule_version="r.schedule_version", tenant_id="r.tenant_id", shard="s.shard",
-    lane="%(retry_lane)s", available_at="%(now)s", created_at="%(now)s",
+    lane="%(retry_lane)s", available_at="%(now)s",
     source="FROM requeued r JOIN schedules_schedule s ON s.id = r.schedule_id",
 )  # fmt: skip

@@ -273,7 +273,8 @@ fair_share_delays = Counter(
 strict_reserve_delays = Counter(
     "tick_strict_reserve_delayed_total",
     "Claims of recovery work (catch-up lane, retries) delayed because recovery held every "
-    "slot outside the share reserved for on-time runs (TICK_STRICT_RESERVED_SHARE)",
+    "slot outside the share reserved for on-time runs (TICK_STRICT_RESERVED_SHARE), in all "
+    "or on the claiming worker",
 )
 deferred_beside_free_slots = Counter(
     "tick_deferred_beside_free_slots_total",

@@ -6,7 +6,11 @@ One batch, one transaction (`materialize_batch`):
 2. Claim up to `batch_size` ACTIVE schedules of those shards with `next_run_at` inside the
    planning window, `FOR UPDATE SKIP LOCKED` through `schedule_due_idx`.
 3. Compute each schedule's instants in [next_run_at, horizon] with timerules (memoised per
-   rule), apply the misfire policy to instants older than now - max_lateness.
+   rule), apply the misfire policy to instants older than now - max_lateness. The horizon
+   is the window plus the planning span, cut at the latest point of the schedule's shard
+   phase (`span_cut`): a schedule firing more often than the span is advanced once per
+   span, and the advances of schedules sharing a rule spread over the span instead of
+   falling together (docs/decisions.md "Fewer advances: a schedule written a span ahead").
 4. One statement inserts the occurrences and, for those due to fire, their outbox rows; an
    instant already stored (a stale `next_run_at`) undoes it, and the batch is inserted again
    with `ON CONFLICT DO NOTHING` on the unique instant (outbox rows only for rows inserted).
@@ -27,10 +31,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
-from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.db.backends.utils import CursorWrapper
 
+from apps.core.config import SettingsConfig, setting
 from apps.occurrences.alert_records import record_schedule_event_alerts
 from apps.occurrences.misfire import late_runs_allowed
 from apps.occurrences.models import Lane, Occurrence, ShardLease, occurrence_id_for
@@ -49,21 +53,22 @@ from apps.schedules.services import rule_times_between
 ONE_MICROSECOND = timedelta(microseconds=1)
 
 
-@dataclass(frozen=True)
-class MaterializeConfig:
-    window_s: int
-    batch_size: int
-    max_fires_per_pass: int
-    missed_record_limit: int
+class MaterializeConfig(SettingsConfig):
+    window_s: int = setting("TICK_PLANNING_WINDOW_S")
+    batch_size: int = setting("TICK_MATERIALIZE_BATCH")
+    max_fires_per_pass: int = setting("TICK_MAX_FIRES_PER_PASS")
+    missed_record_limit: int = setting("TICK_MISSED_RECORD_LIMIT")
+    # How much further than the window a schedule taken up is written (built by hand: 0, to
+    # the window).
+    span_s: int = setting("TICK_PLANNING_SPAN_S", default=0)
+    # The span's phases are spread over the shards (`span_cut`).
+    shards_total: int = setting("TICK_SHARDS", default=256)
 
-    @classmethod
-    def from_settings(cls) -> MaterializeConfig:
-        return cls(
-            window_s=settings.TICK_PLANNING_WINDOW_S,
-            batch_size=settings.TICK_MATERIALIZE_BATCH,
-            max_fires_per_pass=settings.TICK_MAX_FIRES_PER_PASS,
-            missed_record_limit=settings.TICK_MISSED_RECORD_LIMIT,
-        )
+    def horizons(self, now: datetime) -> tuple[datetime, datetime]:
+        """(claim_until, horizon): a schedule whose `next_run_at` is at or before the first
+        is taken up; its instants are written up to its cut of the second (`span_cut`)."""
+        claim_until = now + timedelta(seconds=self.window_s)
+        return claim_until, claim_until + timedelta(seconds=self.span_s)
 
 
 @dataclass
@@ -138,12 +143,26 @@ class _NeedPartitions(Exception):
         self.days = days
 
 
+# A flexible row is planned this far before its window's end (at most half the window), so a
+# relay running a few seconds behind still enqueues it inside the window, not only within the
+# lag budget after its planned instant (docs/decisions.md "Flexible rows keep a margin").
+FLEXIBLE_END_MARGIN_S = 10
+
+
+def flexible_spread_s(window_s: int) -> int:
+    """How many whole seconds of `window_s` a flexible row's planned instant spreads over:
+    the window less its end margin."""
+    return max(0, window_s - min(FLEXIBLE_END_MARGIN_S, window_s // 2))
+
+
 def flexible_offset_s(occurrence_id: uuid.UUID, window_s: int) -> int:
-    """H(occurrence_id) mod window, with a stable hash: the same in every process, forever."""
-    if window_s <= 0:
+    """H(occurrence_id) mod the window's spread (`flexible_spread_s`), with a stable hash: the
+    same in every process, forever."""
+    spread = flexible_spread_s(window_s)
+    if spread <= 0:
         return 0
     digest = hashlib.blake2b(occurrence_id.bytes, digest_size=8).digest()
-    return int.from_bytes(digest, "big") % window_s
+    return int.from_bytes(digest, "big") % spread
 
 
 def _fires(row: _Row, after: datetime, until: datetime, limit: int) -> list[datetime]:
@@ -169,6 +188,38 @@ def _latest_before(row: _Row, cutoff: datetime, keep: int) -> tuple[list[datetim
         if len(found) >= keep or after == start:
             return found[-keep:] if keep else [], after == start and len(found) <= keep
         span *= 8
+
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def span_cut(shard: int, horizon: datetime, span_s: int, shards_total: int) -> datetime:
+    """The latest point at or before `horizon` of the form k * span + phase(shard), where the
+    phases of the shards divide the span evenly: in (horizon - span, horizon]. A schedule
+    claimed with the window is written up to it. The span's worth of instants a claim then
+    writes ends at the same phase each time, so schedules that share a rule and were
+    created together are advanced at their shards' phases, spread over the span, instead
+    of all at once every span (and a claim after one writes a full span, not less)."""
+    if span_s <= 0:
+        return horizon
+    span_us = span_s * 1_000_000
+    phase_us = (shard % shards_total) * span_us // shards_total
+    at_us = (horizon - EPOCH) // ONE_MICROSECOND
+    return horizon - timedelta(microseconds=(at_us - phase_us) % span_us)
+
+
+def _cut_plan(plan: _Plan, cut: datetime) -> _Plan:
+    """`plan` without the instants after `cut`: the first of them becomes `next_run_at` (the
+    first instant not materialized). Fires are ascending (late ones, then on time)."""
+    kept = 0
+    while kept < len(plan.fire) and plan.fire[kept][0] <= cut:
+        kept += 1
+    if kept == len(plan.fire):
+        return plan
+    return _Plan(
+        fire=plan.fire[:kept], missed=plan.missed, missed_total=plan.missed_total,
+        missed_exact=plan.missed_exact, next_run_at=plan.fire[kept][0],
+    )  # fmt: skip
 
 
 def _plan(row: _Row, now: datetime, horizon: datetime, config: MaterializeConfig) -> _Plan:
@@ -227,13 +278,14 @@ SELECT_DUE = f"""
 """
 # `_claim_due`'s first range: instants up to this far past the pass's clock come first.
 URGENT_RANGE = timedelta(seconds=10)
-DISTANT_PAST = datetime(1970, 1, 1, tzinfo=UTC)
+# Its lower bound: before any instant a schedule can have.
+DISTANT_PAST = EPOCH
 
 # The outbox rows of the occurrences just inserted that are due to fire.
 _INSERTED_OUTBOX = outbox_insert(
     occurrence_id="r.id", scheduled_for="r.scheduled_for", schedule_id="r.schedule_id",
     schedule_version="r.version", tenant_id="r.tenant_id", shard="r.shard", lane="r.lane",
-    available_at="r.available_at", created_at="%(now)s",
+    available_at="r.available_at",
     source="FROM ins JOIN rows r ON r.id = ins.id AND r.scheduled_for = ins.scheduled_for"
     " WHERE ins.state = %(scheduled_state)s",
     returning="RETURNING 1",
@@ -304,10 +356,10 @@ def materialize_batch(
 def _materialize_batch(
     *, leases: LeaseSet, now: datetime, config: MaterializeConfig, elapsed: timedelta
 ) -> BatchResult:
-    horizon = now + timedelta(seconds=config.window_s)
+    claim_until, horizon = config.horizons(now)
     urgent = now + elapsed + URGENT_RANGE
     with transaction.atomic(), connection.cursor() as cursor:
-        rows = _claim_due(cursor, leases, urgent, horizon, config.batch_size)
+        rows = _claim_due(cursor, leases, urgent, claim_until, config.batch_size)
         if not rows:
             return BatchResult()
         batch = _plan_batch(rows, now, horizon, config)
@@ -320,7 +372,7 @@ def _materialize_batch(
 
 
 def _claim_due(
-    cursor: CursorWrapper, leases: LeaseSet, urgent: datetime, horizon: datetime, limit: int
+    cursor: CursorWrapper, leases: LeaseSet, urgent: datetime, claim_until: datetime, limit: int
 ) -> list[_Row]:
     """Steps 1-2: the fence, then the due schedules of the shards still held, row-locked:
     those due by `urgent` first, then the rest of the planning window."""
@@ -328,7 +380,7 @@ def _claim_due(
     if not shards:
         return []
     rows: list[_Row] = []
-    for after, until in ((DISTANT_PAST, min(urgent, horizon)), (urgent, horizon)):
+    for after, until in ((DISTANT_PAST, min(urgent, claim_until)), (urgent, claim_until)):
         if until <= after or len(rows) >= limit:
             continue
         cursor.execute(SELECT_DUE, {
@@ -345,15 +397,25 @@ def _plan_batch(
     batch = _BatchWrites(now)
     batch.result.schedules = len(rows)
     # Schedules sharing a rule and a next_run_at share a plan: at the top of an hour most
-    # of a batch does, so each distinct plan is computed once per batch.
+    # of a batch does, so each distinct plan is computed once per batch, to the horizon,
+    # and cut once per distinct cut.
     plans: dict[tuple[Any, ...], _Plan] = {}
+    cut_plans: dict[tuple[Any, ...], _Plan] = {}
+    cuts: dict[int, datetime] = {}
+    shards_total = config.shards_total
     for row in rows:
         key = (row.kind, row.expression, row.time_zone, row.dst_gap, row.dst_fold,
                row.next_run_at, row.precision, row.misfire_policy, row.max_lateness_s,
                row.catchup_limit, row.end_at, row.interval_s, row.start_at)  # fmt: skip
-        plan = plans.get(key)
+        cut = cuts.get(row.shard)
+        if cut is None:
+            cut = cuts[row.shard] = span_cut(row.shard, horizon, config.span_s, shards_total)
+        plan = cut_plans.get((key, cut))
         if plan is None:
-            plan = plans[key] = _plan(row, now, horizon, config)
+            whole = plans.get(key)
+            if whole is None:
+                whole = plans[key] = _plan(row, now, horizon, config)
+            plan = cut_plans[(key, cut)] = _cut_plan(whole, cut)
         batch.add(row, plan)
     return batch
 
@@ -508,7 +570,7 @@ def materialize_pass(
     """Run batches until the held shards have nothing due inside the planning window, or
     until `budget_s` has passed: the caller's loop then refreshes the leases (a process
     that has just joined gets its share of a 500k burst) and calls again with a new `now`."""
-    partitions_ensure({now.date(), (now + timedelta(seconds=config.window_s)).date()})
+    partitions_ensure({now.date(), config.horizons(now)[1].date()})
     total = BatchResult()
     started = time.monotonic()
     while True:

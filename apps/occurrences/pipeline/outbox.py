@@ -18,22 +18,24 @@ OUTBOX_COLUMNS = (
 
 def outbox_insert(
     *,
-    occurrence_id: str,
-    scheduled_for: str,
-    schedule_id: str,
-    schedule_version: str,
-    tenant_id: str,
-    shard: str,
-    lane: str,
-    available_at: str,
-    created_at: str,
+    occurrence_id: str = "occurrence_id",
+    scheduled_for: str = "scheduled_for",
+    schedule_id: str = "schedule_id",
+    schedule_version: str = "schedule_version",
+    tenant_id: str = "tenant_id",
+    shard: str = "shard",
+    lane: str = "lane",
+    available_at: str = "available_at",
+    created_at: str = "%(now)s",
     source: str = "",
     returning: str = "",
 ) -> str:
     """`INSERT INTO occurrences_dispatchoutbox (…) SELECT … <source> <returning>`: each
     argument is the SQL expression for its column (a column of `source`, or a parameter
-    such as `%(now)s`); `source` is the FROM clause with any JOIN and WHERE (empty for one
-    row of parameters); `returning` e.g. `RETURNING 1` when a CTE counts the rows."""
+    such as `%(now)s`); a column not named is read from the source's column of the same
+    name, and `created_at` is the statement's `%(now)s`. `source` is the FROM clause with
+    any JOIN and WHERE (empty for one row of parameters); `returning` e.g. `RETURNING 1`
+    when a CTE counts the rows."""
     values = (occurrence_id, scheduled_for, schedule_id, schedule_version, tenant_id, shard,
               lane, available_at, created_at)  # fmt: skip
     return (

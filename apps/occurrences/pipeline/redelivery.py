@@ -29,11 +29,12 @@ from apps.occurrences.pipeline.outbox import outbox_insert
 
 # One retry-lane outbox row, due now, per redelivered occurrence (same id).
 _REDELIVERED_OUTBOX = outbox_insert(
-    occurrence_id="id", scheduled_for="scheduled_for", schedule_id="schedule_id",
-    schedule_version="schedule_version", tenant_id="tenant_id", shard="shard", lane="%(lane)s",
-    available_at="%(now)s", created_at="%(now)s", source="FROM redelivered",
+    occurrence_id="id",
+    lane="%(lane)s",
+    available_at="%(now)s",
+    source="FROM redelivered",
     returning="RETURNING 1",
-)  # fmt: skip
+)
 
 # `lost` walks occurrence_open_idx (unfinished occurrences by instant: the in-flight work
 # only) over the lookback; the first confirm is never later than the latest, so

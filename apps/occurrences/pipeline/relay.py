@@ -41,6 +41,7 @@ from django.db import connection, transaction
 from django.db.backends.utils import CursorWrapper
 from django.utils import timezone
 
+from apps.core.config import SettingsConfig, setting
 from apps.occurrences.alert_records import DEAD_ALERT_PARAMS, dead_alerts_cte
 from apps.occurrences.misfire import RELAY_JUDGE_FLOOR, misfire_judge
 from apps.occurrences.models import Lane, Occurrence, ShardLease
@@ -75,13 +76,12 @@ JUDGE_CHUNK_ROWS = 2_000
 JUDGE_BUDGET_S = 2.0
 
 
-@dataclass(frozen=True)
-class RelayConfig:
-    lookahead_ms: int
-    batch_size: int
-    prefix: str
-    partitions: int
-    envelope_max: int = 50
+class RelayConfig(SettingsConfig):
+    lookahead_ms: int = setting("TICK_RELAY_LOOKAHEAD_MS")
+    batch_size: int = setting("TICK_RELAY_BATCH")
+    prefix: str = setting("TICK_QUEUE_PREFIX")
+    partitions: int = setting("TICK_TENANT_PARTITIONS")
+    envelope_max: int = setting("TICK_RELAY_ENVELOPE_MAX", default=50)
     background_share: float = 0.2
     max_publish_attempts: int = 5
     judge_chunk_rows: int = JUDGE_CHUNK_ROWS

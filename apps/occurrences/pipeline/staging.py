@@ -34,10 +34,10 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
+from apps.core.config import SettingsConfig, setting
 from apps.occurrences.pipeline.broker import OutgoingMessage, Publisher
 from apps.occurrences.pipeline.bulk import array_literal
 from apps.occurrences.pipeline.leases import LeaseSet
@@ -65,26 +65,16 @@ log = logging.getLogger(__name__)
 Prepared = tuple[OutgoingMessage, Any]
 
 
-@dataclass(frozen=True)
-class StageConfig:
-    min_rows: int
-    chunk_rows: int
-    horizon_s: float
-    max_rows: int
+class StageConfig(SettingsConfig):
+    min_rows: int = setting("TICK_RELAY_STAGE_MIN_ROWS")
+    chunk_rows: int = setting("TICK_RELAY_STAGE_CHUNK")
+    horizon_s: float = setting("TICK_RELAY_STAGE_HORIZON_S")
+    max_rows: int = setting("TICK_RELAY_STAGE_MAX_ROWS")
     probe_every_s: float = 1.0
     # The last chunk (~1 s for 50k rows here) must end before the publish starts, and the
     # publish's preparation (marks, quotas: ~0.7 s for 500k rows) before the instant.
     stop_before_s: float = 4.0
     publish_lead_s: float = 2.5
-
-    @classmethod
-    def from_settings(cls) -> StageConfig:
-        return cls(
-            min_rows=settings.TICK_RELAY_STAGE_MIN_ROWS,
-            chunk_rows=settings.TICK_RELAY_STAGE_CHUNK,
-            horizon_s=settings.TICK_RELAY_STAGE_HORIZON_S,
-            max_rows=settings.TICK_RELAY_STAGE_MAX_ROWS,
-        )
 
 
 @dataclass

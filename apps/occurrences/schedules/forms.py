@@ -10,6 +10,7 @@ from functools import cache
 from typing import Any
 
 from django import forms
+from django.db import models
 
 from apps.occurrences.execution.registry import handler_names
 from apps.occurrences.schedules.serializers import (
@@ -31,8 +32,20 @@ def zone_names() -> list[str]:
 INTERVAL_UNITS = ((86_400, "days"), (3_600, "hours"), (60, "minutes"), (1, "seconds"))
 
 
-def _lower(choices: type[Any]) -> list[tuple[str, str]]:
-    return [(value.lower(), label) for value, label in choices.choices]
+def _option(
+    name: str, label: str, help_text: str, words: dict[str, str] | None = None
+) -> forms.ChoiceField:
+    """A choice of one of the schedule's options, as the model field declares it: its choices
+    (values in the API's lower case; `words` replace labels) with its default preselected."""
+    field = Schedule._meta.get_field(name)
+    assert isinstance(field, models.CharField) and field.choices is not None
+    words = words or {}
+    return forms.ChoiceField(
+        label=label,
+        choices=[(str(value).lower(), words.get(value, text)) for value, text in field.choices],
+        initial=str(field.default).lower(),
+        help_text=help_text,
+    )
 
 
 class ScheduleForm(forms.Form):
@@ -75,21 +88,18 @@ class ScheduleForm(forms.Form):
         help_text="One key=value per line (customer=42), to find and change schedules "
         "together. Keys: a-z 0-9 . _ / -.",
     )  # fmt: skip
-    precision = forms.ChoiceField(
-        label="Precision", choices=_lower(Schedule.Precision),
-        initial=Schedule.Precision.STRICT.lower(),
-        help_text="Strict runs at the instant; flexible may run up to the window later, "
-        "spreading load.",
+    precision = _option(
+        "precision", "Precision",
+        "Strict runs at the instant; flexible may run up to the window later, spreading load.",
     )  # fmt: skip
     flexible_window_s = forms.IntegerField(
         min_value=0, max_value=300, required=False, label="Flexible window (seconds)",
         help_text="How much later than the instant a flexible run may start (0–300).",
     )  # fmt: skip
-    misfire_policy = forms.ChoiceField(
-        label="When a run is missed", choices=_lower(Schedule.MisfirePolicy),
-        initial=Schedule.MisfirePolicy.FIRE_ONCE.lower(),
-        help_text="After an outage or a resume: skip missed runs, run once for all of them, "
-        "or catch up each one (up to the limit).",
+    misfire_policy = _option(
+        "misfire_policy", "When a run is missed",
+        "After an outage or a resume: skip missed runs, run once for all of them, or catch up "
+        "each one (up to the limit).",
     )  # fmt: skip
     max_lateness_s = forms.IntegerField(
         min_value=0, required=False, label="Maximum lateness (seconds)",
@@ -99,24 +109,21 @@ class ScheduleForm(forms.Form):
         min_value=0, required=False, label="Catch-up limit (runs)",
         help_text="With catch up: at most this many missed runs are made up.",
     )  # fmt: skip
-    overlap_policy = forms.ChoiceField(
-        label="When the previous run is still going", choices=_lower(Schedule.OverlapPolicy),
-        initial=Schedule.OverlapPolicy.ALLOW.lower(),
-        help_text="Run alongside it, skip this run, or queue one run behind it.",
+    overlap_policy = _option(
+        "overlap_policy", "When the previous run is still going",
+        "Run alongside it, skip this run, or queue one run behind it.",
     )  # fmt: skip
-    dst_gap = forms.ChoiceField(
-        label="Local times that do not exist (spring forward)",
-        choices=[(Schedule.DstGap.SKIP.value, "Skip them"),
-                 (Schedule.DstGap.SHIFT.value, "Run once at the end of the gap")],
-        initial=Schedule.DstGap.SKIP.value,
-        help_text="When clocks jump forward, e.g. 02:30 on the spring-forward day.",
+    dst_gap = _option(
+        "dst_gap", "Local times that do not exist (spring forward)",
+        "When clocks jump forward, e.g. 02:30 on the spring-forward day.",
+        words={Schedule.DstGap.SKIP: "Skip them",
+               Schedule.DstGap.SHIFT: "Run once at the end of the gap"},
     )  # fmt: skip
-    dst_fold = forms.ChoiceField(
-        label="Local times that happen twice (fall back)",
-        choices=[(Schedule.DstFold.FIRST.value, "Run once, at the first"),
-                 (Schedule.DstFold.BOTH.value, "Run at both")],
-        initial=Schedule.DstFold.FIRST.value,
-        help_text="When clocks fall back, e.g. 01:30 on the fall-back day.",
+    dst_fold = _option(
+        "dst_fold", "Local times that happen twice (fall back)",
+        "When clocks fall back, e.g. 01:30 on the fall-back day.",
+        words={Schedule.DstFold.FIRST: "Run once, at the first",
+               Schedule.DstFold.BOTH: "Run at both"},
     )  # fmt: skip
     start_at = forms.CharField(
         max_length=64, required=False, label="Active from",

@@ -22,7 +22,7 @@ from apps.occurrences.execution.handlers import PayloadError
 from apps.occurrences.execution.registry import handler_names, handler_spec
 from apps.occurrences.manual_runs import BackfillOnly
 from apps.occurrences.schedule_health import RUN_STATES, ScheduleHealth, schedules_health
-from apps.occurrences.selectors import next_runs_shown
+from apps.occurrences.selectors import UpcomingRuns, upcoming_runs
 from apps.schedules import timerules
 from apps.schedules.labels import (
     DEFAULT_LABEL_LIMIT,
@@ -51,6 +51,16 @@ KIND_OUT = {v: k for k, v in KIND_IN.items()}
 
 def _lower_choices(choices: type[Any]) -> list[str]:
     return [value.lower() for value in choices.values]
+
+
+class LowerCaseOut(serializers.CharField):
+    """A stored choice (`FIRE_ONCE`) as the API writes it (`fire_once`): read-only."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(read_only=True, **kwargs)
+
+    def to_representation(self, value: Any) -> str:
+        return str(value).lower()
 
 
 class ScheduleCreateSerializer(serializers.Serializer[Any]):
@@ -351,13 +361,14 @@ class LastRunSerializer(serializers.Serializer[dict[str, Any]]):
 
 
 class ScheduleListSerializer(serializers.ListSerializer[Schedule]):
-    """Many schedules: their shown next runs are read in one query for all of them."""
+    """Many schedules: their shown next runs and next fires are read in one query for all of
+    them."""
 
     def to_representation(self, data: Any) -> list[Any]:
         items = list(data.all() if hasattr(data, "all") else data)
         if isinstance(self.child, ScheduleSerializer):
             now = timezone.now()
-            self.child.next_runs = next_runs_shown(items, now=now)
+            self.child.upcoming = upcoming_runs(items, now=now)
             # One query for the page (apps/occurrences/schedule_health.py); a page is one
             # tenant's.
             self.child.health = schedules_health(items, now=now)
@@ -365,15 +376,16 @@ class ScheduleListSerializer(serializers.ListSerializer[Schedule]):
 
 
 class ScheduleSerializer(serializers.ModelSerializer[Schedule]):
-    # Shown next runs by schedule id, set by ScheduleListSerializer for a whole page.
-    next_runs: dict[uuid.UUID, datetime | None] | None = None
+    # Shown next runs and next fires by schedule id, set by ScheduleListSerializer for a
+    # whole page.
+    upcoming: dict[uuid.UUID, UpcomingRuns] | None = None
     # Health by schedule id, set the same way.
     health: dict[uuid.UUID, ScheduleHealth] | None = None
 
     kind = serializers.SerializerMethodField()
-    precision = serializers.SerializerMethodField()
-    misfire_policy = serializers.SerializerMethodField()
-    overlap_policy = serializers.SerializerMethodField()
+    precision = LowerCaseOut()
+    misfire_policy = LowerCaseOut()
+    overlap_policy = LowerCaseOut()
     next_run_at = serializers.SerializerMethodField()
     next_fires = serializers.SerializerMethodField()
     last_run = serializers.SerializerMethodField()
@@ -403,15 +415,6 @@ class ScheduleSerializer(serializers.ModelSerializer[Schedule]):
     def get_kind(self, obj: Schedule) -> str:
         return KIND_OUT[Schedule.Kind(obj.kind)]
 
-    def get_precision(self, obj: Schedule) -> str:
-        return obj.precision.lower()
-
-    def get_misfire_policy(self, obj: Schedule) -> str:
-        return obj.misfire_policy.lower()
-
-    def get_overlap_policy(self, obj: Schedule) -> str:
-        return obj.overlap_policy.lower()
-
     @extend_schema_field(
         serializers.DateTimeField(
             allow_null=True,
@@ -424,11 +427,13 @@ class ScheduleSerializer(serializers.ModelSerializer[Schedule]):
     )
     def get_next_run_at(self, obj: Schedule) -> str | None:
         # The shown value, not the stored cursor of the same name (docs/api.md).
-        if self.next_runs is not None and obj.id in self.next_runs:
-            value = self.next_runs[obj.id]
-        else:
-            value = next_runs_shown([obj])[obj.id]
+        value = self._upcoming(obj).next_run_at
         return None if value is None else serializers.DateTimeField().to_representation(value)
+
+    def _upcoming(self, obj: Schedule) -> UpcomingRuns:
+        if self.upcoming is None or obj.id not in self.upcoming:
+            self.upcoming = {**(self.upcoming or {}), **upcoming_runs([obj], now=timezone.now())}
+        return self.upcoming[obj.id]
 
     def _health(self, obj: Schedule) -> ScheduleHealth:
         if self.health is None or obj.id not in self.health:
@@ -470,24 +475,11 @@ class ScheduleSerializer(serializers.ModelSerializer[Schedule]):
         return None if rate is None else round(rate, 4)
 
     def get_next_fires(self, obj: Schedule) -> list[str]:
-        """The next five instants (UTC) the rule fires that are not yet materialized; empty
-        unless the schedule is active."""
-        if obj.next_run_at is None or obj.state != Schedule.State.ACTIVE:
-            return []
-        if obj.kind == Schedule.Kind.ONE_SHOT:
-            return [timerules.instant_text(obj.next_run_at)]
-        if obj.kind == Schedule.Kind.INTERVAL and obj.interval_s and obj.start_at:
-            fires = [obj.next_run_at] + timerules.interval_fire_times(
-                obj.interval_s, obj.start_at, obj.next_run_at, 4, end_at=obj.end_at
-            )
-        else:
-            fires = [obj.next_run_at] + timerules.next_fire_times(
-                obj.expression, obj.time_zone, obj.next_run_at, 4,
-                dst_gap=obj.dst_gap, dst_fold=obj.dst_fold,
-            )  # fmt: skip
-        if obj.end_at is not None:  # bounds are half-open: [start_at, end_at)
-            fires = [f for f in fires if f < obj.end_at]
-        return [timerules.instant_text(f) for f in fires]
+        """The next five instants (UTC) the schedule runs, from its next run: its pending
+        occurrences that have not started, then the rule's instants not yet materialized,
+        before end_at. A retry waiting is not listed (it shows as next_run_at), nor a run
+        now or a backfill. Empty unless the schedule is active."""
+        return [timerules.instant_text(at) for at in self._upcoming(obj).fires]
 
 
 class PreviewQuerySerializer(serializers.Serializer[Any]):

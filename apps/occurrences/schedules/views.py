@@ -66,7 +66,7 @@ from apps.occurrences.schedules.serializers import (
     RunNowRequestSerializer,
     schedule_as_input,
 )
-from apps.occurrences.selectors import next_runs_shown, occurrences_for
+from apps.occurrences.selectors import next_runs_shown, occurrences_for, upcoming_runs
 from apps.schedules.errors import LifecycleError
 from apps.schedules.labels import LabelError, labels_text, parse_label_filter
 from apps.schedules.models import Schedule, ScheduleEvent, ScheduleVersion
@@ -76,7 +76,7 @@ from apps.schedules.services import (
     schedule_create,
     schedule_dst_changes,
     schedule_preview,
-    schedule_preview_saved,
+    schedule_preview_instants,
 )
 from apps.schedules.timerules import TimeRuleError, interval_rule_words
 from apps.tenants.page_lists import PageList, page_list
@@ -220,6 +220,10 @@ def _recent_occurrences(request: HttpRequest, schedule: Schedule, now: datetime)
     return PageList(recent.name, rows, recent.more, recent.expanded)
 
 
+# How many next fires a schedule's page lists.
+DETAIL_FIRES = 10
+
+
 def _detail(
     request: HttpRequest,
     schedule: Schedule,
@@ -231,9 +235,10 @@ def _detail(
     now = timezone.now()
     versions = list(ScheduleVersion.objects.filter(schedule=schedule).order_by("version"))
     events = ScheduleEvent.objects.filter(schedule=schedule).order_by("-at", "-id")
-    # Only an active schedule fires: a paused one shows its state, not the instants its
-    # pause canceled (docs/ui.md).
-    active = schedule.state == Schedule.State.ACTIVE
+    # The API's next run and next fires (docs/api.md), ten of them here: only an active
+    # schedule fires, a paused one shows its state, not the instants its pause canceled
+    # (docs/ui.md).
+    upcoming = upcoming_runs([schedule], now=now, fires=DETAIL_FIRES)[schedule.id]
     # Why and since when a paused schedule is paused: its last `paused` event.
     paused_by = (
         events.filter(kind=ScheduleEvent.Kind.PAUSED).first()
@@ -243,8 +248,8 @@ def _detail(
         "schedule": schedule,
         "versions": page_list(request, "versions", _version_changes(versions)),
         "events": page_list(request, "events", events),
-        "next_run": next_runs_shown([schedule], now=now)[schedule.id],
-        "preview": schedule_preview_saved(schedule=schedule, count=10, now=now) if active else [],
+        "next_run": upcoming.next_run_at,
+        "preview": schedule_preview_instants(schedule=schedule, instants=upcoming.fires),
         "recent": _recent_occurrences(request, schedule, now),
         "recent_all": f"{reverse('occurrence-list')}?schedule={schedule.id}",
         "receipt": result.receipt if result else None,

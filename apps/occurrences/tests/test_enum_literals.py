@@ -33,6 +33,8 @@ VALUES = frozenset(str(member.value) for choices in ENUMS for member in choices)
 NOT_ENUM_VALUES = {
     # manage.py command names, also the keys of the benchmark's JSON report.
     ("apps/bench/burst.py", "relay"),
+    # The process kind a stall stops (the relay command's processes).
+    ("apps/bench/sustained.py", "relay"),
     # The audit command's printed verdict (OK / FAILED), not an attempt outcome.
     ("apps/occurrences/management/commands/reconcile.py", "FAILED"),
     # The benchmarks' phase names (the process that does the work), not a lease role.

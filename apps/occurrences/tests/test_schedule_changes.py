@@ -288,3 +288,43 @@ def test_the_web_receipt_of_resume_shows_the_restored_instants(
     assert "<strong>2</strong> instants the pause had canceled scheduled again" in page
     restored_id = occurrence_id_for(schedule.id, 1, at(1))
     assert f'<a href="/occurrences/{restored_id}/">2026-12-02 12:01:00 UTC</a>' in page
+
+
+def test_with_a_span_pause_resume_and_update_recall_every_instant_written_ahead(api_a, tenant_a):
+    # given: an every-minute schedule of shard 0 written a span ahead at 12:00:30 (window
+    # 120 s, span 240 s: 12:01 to 12:04, next_run_at 12:05)
+    schedule = make_schedule(tenant_a, next_run_at=at(1))
+    Schedule.objects.filter(id=schedule.id).update(shard=0)
+    held = leases()
+    config = materialize_config(window_s=120, span_s=240)
+    ids = [str(occurrence_id_for(schedule.id, 1, at(m))) for m in (1, 2, 3, 4)]
+    with time_machine.travel(NOW, tick=False):
+        materialize_pass(leases=held, now=NOW, config=config)
+        assert _pending(schedule) == {at(m): 1 for m in (1, 2, 3, 4)}
+
+        # when: paused
+        paused = api_a.post(f"/api/v1/schedules/{schedule.id}/pause").json()["receipt"]
+
+    # then: all four are canceled, nothing is left to publish
+    assert paused["invalidated"] == ids
+    assert _pending(schedule) == {}
+
+    # when: resumed at 12:00:40, then its payload changed at 12:00:45
+    body = _resume(api_a, schedule, NOW + timedelta(seconds=10))
+    assert [r["id"] for r in body["receipt"]["restored"]] == ids
+    with time_machine.travel(NOW + timedelta(seconds=15), tick=False):
+        patched = api_a.patch(
+            f"/api/v1/schedules/{schedule.id}", {"payload": {"v": 2}}, format="json"
+        )
+    assert patched.status_code == 200, patched.content
+    assert patched.json()["receipt"]["invalidated"] == ids
+
+    # then: version 2 writes the same instants itself and version 1 publishes none of them
+    with time_machine.travel(NOW + timedelta(seconds=20), tick=False):
+        materialize_pass(leases=held, now=NOW + timedelta(seconds=20), config=config)
+    assert {
+        (row.schedule_version, row.scheduled_for)
+        for row in DispatchOutbox.objects.filter(schedule_id=schedule.id)
+    } == {(2, at(m)) for m in (1, 2, 3, 4)}
+    states = {t: sorted(found) for t, found in _states(schedule).items()}
+    assert states == {at(m): ["SCHEDULED", "SUPERSEDED"] for m in (1, 2, 3, 4)}

@@ -30,7 +30,7 @@ def test_instants_across_a_dst_change_are_exactly_the_period_apart_in_utc(zone, 
     anchor = before - timedelta(days=3, seconds=17)
     count = 400  # reaches past the change (within 7 hours) even at one run a minute
     times = tr.interval_fire_times(period, anchor, before, count)
-    entries = tr.interval_preview(period, anchor, zone, before, count)
+    entries = tr.interval_preview(times, period, zone)
 
     assert [e.at_utc for e in entries] == times
     assert all(b - a == timedelta(seconds=period) for a, b in zip(times, times[1:], strict=False))
@@ -50,9 +50,8 @@ def test_instants_across_a_dst_change_are_exactly_the_period_apart_in_utc(zone, 
 
 def test_new_york_every_90_minutes_through_spring_forward_pinned():
     anchor = datetime(2026, 3, 7, 9, 0, tzinfo=UTC)
-    entries = tr.interval_preview(
-        5400, anchor, "America/New_York", anchor.replace(day=8, hour=5), 3
-    )
+    times = tr.interval_fire_times(5400, anchor, anchor.replace(day=8, hour=5), 3)
+    entries = tr.interval_preview(times, 5400, "America/New_York")
 
     assert [(e.at_utc.isoformat(), e.local_wall) for e in entries] == [
         ("2026-03-08T06:00:00+00:00", "2026-03-08 01:00"),  # EST

@@ -6,7 +6,7 @@ package (``DstGap``, ``DstFold``) that the schedule model imports. Used by the A
 (validation, previews) and the materializer (memoised next-fire computation); the audit checks
 it with an evaluator of its own. This module is the public entry; the parts, in reading order:
 
-* ``base`` — limits, the DST option enums, ``TimeRuleError``, bounds;
+* ``base`` — the shared limits, the DST option enums, ``TimeRuleError``, bounds;
 * ``zones`` — IANA zones from the ``tzdata`` package;
 * ``cron`` — the strict five-field parser, the day forms, validation;
 * ``engine`` — local wall-clock minutes to UTC instants under the DST contract;
@@ -45,7 +45,6 @@ from apps.schedules.timerules.base import (
     DST_FOLD_CHOICES,
     DST_GAP_CHOICES,
     MAX_COUNT,
-    MAX_EXPRESSION_LENGTH,
     MAX_INSTANT_YEAR,
     MAX_LIMIT,
     MIN_INSTANT_YEAR,
@@ -63,6 +62,7 @@ from apps.schedules.timerules.cache import (
     fire_times_between,
 )
 from apps.schedules.timerules.cron import (
+    MAX_EXPRESSION_LENGTH,
     _compile_cached,
     expanded_fields,
     validate,

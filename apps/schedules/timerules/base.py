@@ -1,4 +1,6 @@
-"""What every part of the time rules shares: limits, the DST options and the one error type.
+"""What every part of the time rules shares: the limits of more than one part (how many
+instants a call may ask for, how far a search looks), the DST options and the one error type.
+A part's own limit stands in that part (``cron``, ``zones``, ``one_shot``, ``interval``).
 
 Part of ``apps.schedules.timerules`` (docs/timerules.md).
 """
@@ -11,12 +13,6 @@ from typing import Final, TypeVar
 from apps.schedules.rule_options import DstFold as DstFold
 from apps.schedules.rule_options import DstGap as DstGap
 
-#: Longest accepted cron expression (characters).
-MAX_EXPRESSION_LENGTH: Final = 200
-#: Longest accepted zone name (the longest IANA name is 32 characters).
-MAX_ZONE_LENGTH: Final = 64
-#: Longest accepted one-shot ``run_at`` string.
-MAX_RUN_AT_LENGTH: Final = 64
 #: ``next_fire_times`` / ``preview`` return at most this many instants per call.
 MAX_COUNT: Final = 10_000
 #: ``fire_times_between`` returns at most this many instants per call.
@@ -56,6 +52,14 @@ def _check_options(dst_gap: str, dst_fold: str) -> None:
         if value not in choices:
             allowed = " or ".join(repr(choice) for choice in choices)
             raise TimeRuleError(field, f"{field} must be {allowed}, not {value!r}.")
+
+
+def _check_count(count: object, field: str = "count", maximum: int = MAX_COUNT) -> int:
+    """How many instants a call may ask for (``count``, or ``limit`` up to ``MAX_LIMIT``): a
+    whole number from 0 to ``maximum``, else ``TimeRuleError(field)``."""
+    if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= maximum:
+        raise TimeRuleError(field, f"{field} must be an integer between 0 and {maximum}.")
+    return count
 
 
 def _to_utc(value: object, field: str) -> datetime:

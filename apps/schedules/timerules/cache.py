@@ -19,9 +19,10 @@ from apps.schedules.timerules.base import (
     DstFold,
     DstGap,
     TimeRuleError,
+    _check_count,
     _to_utc,
 )
-from apps.schedules.timerules.engine import _check_count, _collect, _query
+from apps.schedules.timerules.engine import _collect, _query
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,11 @@ from dataclasses import dataclass
 from dataclasses import field as _field_default
 from typing import Final, NamedTuple
 
-from apps.schedules.timerules.base import MAX_EXPRESSION_LENGTH, SEARCH_HORIZON_YEARS, TimeRuleError
+from apps.schedules.timerules.base import SEARCH_HORIZON_YEARS, TimeRuleError
 from apps.schedules.timerules.zones import get_zone
+
+#: Longest accepted cron expression (characters).
+MAX_EXPRESSION_LENGTH: Final = 200
 
 _MACROS: Final = {
     "@yearly": "0 0 1 1 *",

@@ -15,11 +15,10 @@ from zoneinfo import ZoneInfo
 from apps.schedules.timerules.base import (
     _MAX_YEAR,
     _MIN_INSTANT,
-    MAX_COUNT,
     SEARCH_HORIZON_YEARS,
     DstFold,
     DstGap,
-    TimeRuleError,
+    _check_count,
     _check_options,
     _to_utc,
     validate_bounds,
@@ -164,12 +163,6 @@ def _events_inner(
         yield event
     while pending:
         yield pending.popleft()
-
-
-def _check_count(count: object, field: str = "count", maximum: int = MAX_COUNT) -> int:
-    if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= maximum:
-        raise TimeRuleError(field, f"{field} must be an integer between 0 and {maximum}.")
-    return count
 
 
 def _window(

@@ -12,9 +12,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Final
 
 from apps.schedules.timerules.base import (
-    MAX_COUNT,
     MAX_LIMIT,
     TimeRuleError,
+    _check_count,
     _check_year,
     _to_utc,
 )
@@ -77,9 +77,7 @@ def interval_fire_times(
     start = _anchor(anchor)
     low = _to_utc(after, "after")
     end = _to_utc(end_at, "end_at") if end_at is not None else None
-    if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= MAX_COUNT:
-        raise TimeRuleError("count", f"count must be an integer between 0 and {MAX_COUNT}.")
-    return _between(start, period, low, end, count, inclusive_end=False)
+    return _between(start, period, low, end, _check_count(count), inclusive_end=False)
 
 
 def interval_fire_times_between(
@@ -88,8 +86,7 @@ def interval_fire_times_between(
     """Every instant in ``(after, until]`` (aware UTC, ascending), at most ``limit``: the
     materializer's path. Pure arithmetic, so it needs no memo (a cron rule's does)."""
     period = timedelta(seconds=validate_interval(interval_s))
-    if isinstance(limit, bool) or not isinstance(limit, int) or not 0 <= limit <= MAX_LIMIT:
-        raise TimeRuleError("limit", f"limit must be an integer between 0 and {MAX_LIMIT}.")
+    limit = _check_count(limit, "limit", MAX_LIMIT)
     return _between(
         _anchor(anchor), period, _to_utc(after, "after"), _to_utc(until, "until"), limit, True
     )
@@ -129,20 +126,12 @@ def _between(
         return out
 
 
-def interval_preview(
-    interval_s: int,
-    anchor: datetime,
-    time_zone: str,
-    after: datetime,
-    count: int,
-    *,
-    end_at: datetime | None = None,
-) -> list[PreviewEntry]:
-    """The instants of ``interval_fire_times`` with local time and offset in ``time_zone``;
-    an entry after which the zone's offset changed says so: the runs stay ``interval_s``
-    apart in elapsed time while the wall clock between them differs by the DST change."""
+def interval_preview(times: list[datetime], interval_s: int, time_zone: str) -> list[PreviewEntry]:
+    """A fixed rate's instants (``interval_fire_times``) with local time and offset in
+    ``time_zone``; an entry after which the zone's offset changed says so: the runs stay
+    ``interval_s`` apart in elapsed time while the wall clock between them differs by the DST
+    change."""
     tz = get_zone(time_zone)
-    times = interval_fire_times(interval_s, anchor, after, count, end_at=end_at)
     entries: list[PreviewEntry] = []
     previous_offset: timedelta | None = None
     for instant in times:

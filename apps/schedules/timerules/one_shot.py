@@ -6,9 +6,9 @@ Part of ``apps.schedules.timerules`` (docs/timerules.md).
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Final
 
 from apps.schedules.timerules.base import (
-    MAX_RUN_AT_LENGTH,
     DstFold,
     DstGap,
     TimeRuleError,
@@ -18,6 +18,9 @@ from apps.schedules.timerules.base import (
 from apps.schedules.timerules.engine import _transition
 from apps.schedules.timerules.preview import _jump
 from apps.schedules.timerules.zones import get_zone
+
+#: Longest accepted one-shot ``run_at`` string.
+MAX_RUN_AT_LENGTH: Final = 64
 
 
 def resolve_one_shot(

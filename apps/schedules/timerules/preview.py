@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Unpack
 from zoneinfo import ZoneInfo
 
-from apps.schedules.timerules.base import TimeRuleError, instant_text
+from apps.schedules.timerules.base import TimeRuleError, _check_count, instant_text
 from apps.schedules.timerules.engine import (
     _FOLD_FIRST,
     _FOLD_SECOND,
@@ -18,7 +18,6 @@ from apps.schedules.timerules.engine import (
     _SHIFTED,
     _SKIPPED,
     FireOptions,
-    _check_count,
     _collect,
     _Event,
     _events,

@@ -12,7 +12,10 @@ from importlib import resources
 from typing import Final, Literal
 from zoneinfo import ZoneInfo
 
-from apps.schedules.timerules.base import MAX_ZONE_LENGTH, TimeRuleError
+from apps.schedules.timerules.base import TimeRuleError
+
+#: Longest accepted zone name (the longest IANA name is 32 characters).
+MAX_ZONE_LENGTH: Final = 64
 
 _ZONE_NAME_RE: Final = re.compile(r"[A-Za-z0-9_+\-]+(?:/[A-Za-z0-9_+\-]+)*")
 _REFUSED_ZONES: Final = frozenset({"Factory", "posixrules", "localtime", "posix", "right"})

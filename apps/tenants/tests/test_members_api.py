@@ -144,6 +144,8 @@ def test_a_viewer_key_reads_and_changes_nothing(viewer_api_a, alice, bob, tenant
     ]
 
     assert [r.status_code for r in reads] == [200] * 4
+    assert (reads[2].json()["email"], reads[2].json()["state"]) == ("x@example.com", "pending")
+    assert (reads[3].json()["username"], reads[3].json()["role"]) == ("bob", "viewer")
     assert [r.status_code for r in writes] == [403] * 5
     assert {r.json()["error"]["code"] for r in writes} == {"permission_denied"}
     assert Invitation.objects.count() == 1 and Invitation.objects.get().revoked_at is None

@@ -58,6 +58,11 @@ class Command(BaseCommand):
             help="with --workers: tasks of bare Celery (apply_async -> noop) run afterwards on "
             "the same broker as the floor; default one minute at --per-minute, 0 skips it",
         )  # fmt: skip
+        parser.add_argument(
+            "--relay-stall", nargs=2, type=float, metavar=("MINUTE", "SECONDS"), default=None,
+            help="stop the relays (SIGSTOP) for SECONDS from measured minute MINUTE, then let "
+            "them go on, and report how long they take to catch up",
+        )  # fmt: skip
         parser.add_argument("--json", action="store_true", help="only the JSON line")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -70,6 +75,11 @@ class Command(BaseCommand):
         report = bench_sustained(
             **{name: options[name] for name in SUSTAINED_PARAMETERS},
             execution=execution,
+            relay_stall=(
+                (int(options["relay_stall"][0]), options["relay_stall"][1])
+                if options["relay_stall"]
+                else None
+            ),
             log=None if quiet else self.stdout.write,
         )
         if not quiet:

@@ -26,6 +26,8 @@ from apps.schedules.tests.factories import make_schedule
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 DEADLINE_S = 3
+# How late the receiver's threads may note an accept or a close on a loaded machine.
+OVERLAP_SLACK_S = 0.3
 
 
 @pytest.fixture
@@ -73,12 +75,21 @@ def test_a_slow_loris_alert_receiver_holds_no_other_tenants_run(
     # loaded machine the processes may start after the instant, which no slot can make up.
     queued_at = max(occurrence.scheduled_for, occurrence.enqueued_at or occurrence.scheduled_for)
     slot_wait = (started - queued_at).total_seconds()
-    at = [round(t - loris.connections[0], 1) for t in loris.connections]
+    spans = loris.spans()
+    at = [
+        (round(opened - spans[0][0], 1), None if closed is None else round(closed - spans[0][0], 1))
+        for opened, closed in spans
+    ]
     sys.stdout.write(
         f"tenant B start lag {start_lag:.2f} s, {slot_wait:.2f} s after its message was queued;"
-        f" receiver connections at {at} s\n"
+        f" receiver connections (opened, closed) at {at} s\n"
     )
     assert slot_wait < 3, f"tenant B's run started {slot_wait:.1f} s after it was queued"
-    # Each send ended at its deadline, and tenant A never had two at once.
-    gaps = [b - a for a, b in zip(loris.connections, loris.connections[1:], strict=False)]
-    assert all(gap >= DEADLINE_S - 0.5 for gap in gaps), gaps
+    # Each send let go of the receiver by its deadline (sooner is fine: the deadline also
+    # covers resolving and connecting, which a loaded machine makes slow) ...
+    held = [closed - opened for opened, closed in spans if closed is not None]
+    assert len(held) >= 2 and all(s <= DEADLINE_S + 1 for s in held), at
+    # ... and tenant A never had two at once: each connection opened only after the one before
+    # it was closed (within the receiver threads' own scheduling delay).
+    for (_, closed), (next_opened, _) in zip(spans, spans[1:], strict=False):
+        assert closed is not None and next_opened >= closed - OVERLAP_SLACK_S, at

@@ -7,8 +7,6 @@ from apps.occurrences.bulk_changes import bulk_step
 from apps.occurrences.management.commands._loop_command import LoopCommand, LoopWork
 from apps.occurrences.pipeline.loop import process_owner
 
-log = logging.getLogger("tick.bulk")
-
 
 class Command(LoopCommand):
     help = (
@@ -16,7 +14,7 @@ class Command(LoopCommand):
         "through the single verb's service; a killed process's job is resumed (loop)."
     )
     role = "bulk"
-    logger = log
+    logger = logging.getLogger("tick.bulk")
     once_help = "one batch, then exit"
 
     def work(self, options: dict[str, Any]) -> LoopWork:

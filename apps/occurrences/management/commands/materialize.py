@@ -10,13 +10,11 @@ from apps.occurrences.models import ShardLease
 from apps.occurrences.pipeline.loop import process_leases
 from apps.occurrences.pipeline.materializer import MaterializeConfig, materialize_pass
 
-log = logging.getLogger("tick.materialize")
-
 
 class Command(LoopCommand):
     help = "Materialize due schedules of the shards this process leases, until SIGTERM."
     role = ShardLease.Role.MATERIALIZER
-    logger = log
+    logger = logging.getLogger("tick.materialize")
     once_help = "one pass, then exit"
 
     def work(self, options: dict[str, Any]) -> LoopWork:
@@ -30,7 +28,7 @@ class Command(LoopCommand):
                 leases=leases, now=timezone.now(), config=config, budget_s=leases.ttl_s / 3
             )
             if result.schedules:
-                log.info(
+                self.logger.info(
                     "materialized %d schedules: %d occurrences (%d outboxed, %d conflicts, "
                     "%d missed, %d completed)", result.schedules, result.inserted,
                     result.outboxed, result.conflicts, result.missed, result.completed,

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import resource
@@ -85,7 +84,7 @@ class Command(BaseCommand):
         if start is None or end is None or end <= start:
             raise CommandError("give --from and --to (from before to), or --recent MINUTES")
         given = {dest: options[dest] for _, dest, _, _ in _BOUNDS if options[dest] is not None}
-        bounds = dataclasses.replace(StuckBounds.from_settings(), **given)
+        bounds = StuckBounds.from_settings(**given)
         report = reconcile(start=start, end=end, tenant_id=tenant_id, bounds=bounds)
         data = report.as_json()
         data["peak_rss_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)

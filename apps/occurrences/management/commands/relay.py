@@ -14,25 +14,17 @@ from apps.occurrences.pipeline.staging import StageConfig, Stager
 from apps.occurrences.pipeline.throttle import TenantThrottle
 from tickweb.celery import app as celery_app
 
-log = logging.getLogger("tick.relay")
-
 
 class Command(LoopCommand):
     help = "Publish due outbox rows of the shards this process leases to RabbitMQ."
     role = ShardLease.Role.RELAY
-    logger = log
+    logger = logging.getLogger("tick.relay")
     once_help = "one step, then exit"
     idle_sleep_default_s = 0.1
 
     def work(self, options: dict[str, Any]) -> LoopWork:
         leases = process_leases(self.role)
-        config = RelayConfig(
-            lookahead_ms=settings.TICK_RELAY_LOOKAHEAD_MS,
-            batch_size=settings.TICK_RELAY_BATCH,
-            prefix=settings.TICK_QUEUE_PREFIX,
-            partitions=settings.TICK_TENANT_PARTITIONS,
-            envelope_max=settings.TICK_RELAY_ENVELOPE_MAX,
-        )
+        config = RelayConfig.from_settings()
         publisher = Publisher(
             settings.CELERY_BROKER_URL,
             prefix=settings.TICK_QUEUE_PREFIX,
@@ -54,7 +46,7 @@ class Command(LoopCommand):
         def unit() -> int:
             done = 0
             if stager.publish_due():
-                done += _logged(stager.publish(recorder=recorder, throttle=throttle), "staged")
+                done += self._logged(stager.publish(recorder=recorder, throttle=throttle), "staged")
             result = relay_step(
                 leases=leases,
                 publisher=publisher,
@@ -65,7 +57,7 @@ class Command(LoopCommand):
                 skip=stager.settling(recorder),
             )
             stager.stepped()
-            done += _logged(result, "due")
+            done += self._logged(result, "due")
             # Deferred rows are not work done now: sleep rather than re-read them at once.
             # Staging is: go on at once while there is more to read.
             return done + stager.advance()
@@ -77,15 +69,14 @@ class Command(LoopCommand):
 
         return LoopWork(unit, leases=leases, before_release=recorder.stop, close=close)
 
-
-def _logged(result: RelayResult, what: str) -> int:
-    """Log a publish that did something; returns the rows it settled, plus the late rows left
-    for the next step (work to go on with at once, not to sleep on)."""
-    if result.claimed:
-        log.info(
-            "relayed %d of %d %s rows in %d messages (failed %d, missed %d, left to judge %d),"
-            " max lag %.3fs",
-            result.published, result.claimed, what, result.messages, result.failed,
-            result.missed, result.unjudged, max(result.lags, default=0.0),
-        )  # fmt: skip
-    return result.published + result.failed + result.missed + result.unjudged
+    def _logged(self, result: RelayResult, what: str) -> int:
+        """Log a publish that did something; returns the rows it settled, plus the late rows left
+        for the next step (work to go on with at once, not to sleep on)."""
+        if result.claimed:
+            self.logger.info(
+                "relayed %d of %d %s rows in %d messages (failed %d, missed %d, left to judge %d),"
+                " max lag %.3fs",
+                result.published, result.claimed, what, result.messages, result.failed,
+                result.missed, result.unjudged, max(result.lags, default=0.0),
+            )  # fmt: skip
+        return result.published + result.failed + result.missed + result.unjudged

@@ -248,7 +248,7 @@ def test_flexible_jitter_is_identical_in_another_process():
     ).stdout  # fmt: skip
     here = [flexible_offset_s(i, 300) for i in ids]
     assert json.loads(out) == here
-    assert all(0 <= offset < 300 for offset in here)
+    assert all(0 <= offset < 290 for offset in here)  # the window less its end margin
     assert len(set(here)) > 30  # spread over the window, not bunched
 
 

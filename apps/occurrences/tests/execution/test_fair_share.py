@@ -569,6 +569,39 @@ def test_recovery_work_leaves_the_reserved_slots_to_on_time_runs(tenant_a, tenan
     assert after - before == 2
 
 
+@pytest.mark.django_db
+def test_each_worker_keeps_its_share_of_slots_for_on_time_runs(tenant_a, tenant_b, settings):
+    # given: two live workers of 2 slots (4 in all, half reserved for on-time runs); one
+    # catch-up run holds a slot of w1. A worker takes messages from every lane queue before
+    # a slot is free (prefetch), so a worker whose slots all ran recovery work would keep
+    # the on-time messages it already took waiting beside w2's free slots.
+    settings.TICK_STRICT_RESERVED_SHARE = 0.5
+    _worker("w1@host", 2)
+    _worker("w2@host", 2)
+    now = timezone.now()
+
+    def claim_on(worker_id: str, occ: Occurrence) -> ClaimStatus:
+        return occurrence_claim(
+            occurrence_id=occ.id, scheduled_for=occ.scheduled_for, worker_id=worker_id, now=now
+        ).status
+
+    assert claim_on("w1@host:11", _recovery(tenant_a, "c0")) == ClaimStatus.CLAIMED
+    before = REGISTRY.get_sample_value("tick_strict_reserve_delayed_total") or 0.0
+
+    # when: w1 is handed another recovery run (1 of the 2 recovery slots is still free in
+    # all), then an on-time run; w2 is handed a recovery run
+    second_on_w1 = claim_on("w1@host:12", _recovery(tenant_a, "c1"))
+    on_time_on_w1 = claim_on("w1@host:12", occurrence(schedule(tenant_b, name="t"), now))
+    on_w2 = claim_on("w2@host:21", _recovery(tenant_a, "c2"))
+
+    # then: w1 keeps its other slot for on-time work; w2 takes the recovery run
+    assert second_on_w1 == ClaimStatus.DELAYED
+    assert on_time_on_w1 == ClaimStatus.CLAIMED
+    assert on_w2 == ClaimStatus.CLAIMED
+    after = REGISTRY.get_sample_value("tick_strict_reserve_delayed_total") or 0.0
+    assert after - before == 1
+
+
 @pytest.mark.parametrize(("reserve", "error_ids"), [(0.5, []), (0.0, []), (1.0, ["tick.E017"])])
 def test_the_strict_reserve_is_a_fraction_below_one(settings, reserve, error_ids):
     settings.TICK_STRICT_RESERVED_SHARE = reserve

@@ -23,6 +23,13 @@ def _prepared_statements() -> list[str]:
         return [row[0] for row in cursor.fetchall()]
 
 
+def _plans() -> dict[str, int]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT sum(generic_plans), sum(custom_plans) FROM pg_prepared_statements")
+        generic, custom = cursor.fetchone()
+    return {"generic": int(generic or 0), "custom": int(custom or 0)}
+
+
 @pytest.fixture
 def fresh_connection() -> Iterator[None]:
     # A session of its own: statements prepared by earlier tests are gone.
@@ -65,6 +72,8 @@ def test_claim_and_completion_are_prepared_once_per_connection(tenant_a, fresh_c
     assert sum("WITH running AS" in s for s in statements) == 1
     assert sum("WITH held AS MATERIALIZED" in s for s in statements) == 1
     assert len(statements) == 3
+    # ... and planned once: the second run reused the first one's generic plan
+    assert _plans() == {"generic": 6, "custom": 0}
     for occ in occs:
         occ.refresh_from_db()
         assert (occ.state, occ.attempt_count) == (Occurrence.State.SUCCEEDED, 1)

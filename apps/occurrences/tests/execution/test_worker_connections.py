@@ -16,6 +16,7 @@ from tickweb.celery import (
     HEALTH_CHECK_AFTER_IDLE_S,
     _close_old_connections,
     _skip_health_check_when_busy,
+    _worker_connection_age,
     app,
 )
 
@@ -46,6 +47,33 @@ def test_a_connection_past_its_age_is_closed_after_a_task():
     connection.close_at = time.monotonic() - 1
     _close_old_connections()
     assert connection.connection is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_keeps_its_connection_past_the_web_age(settings):
+    # given: the web's CONN_MAX_AGE is 60 s, the worker's 600 s
+    settings.TICK_WORKER_CONN_MAX_AGE = 600
+    db = connection.settings_dict
+    web_age = db["CONN_MAX_AGE"]
+    try:
+        _worker_connection_age()
+        connection.close()
+        connection.ensure_connection()
+        raw = connection.connection
+        opened_at = time.monotonic()
+
+        # when: a task ends two minutes after the connection opened
+        assert connection.close_at is not None and connection.close_at >= opened_at + 590
+        connection.close_at -= 120
+        _close_old_connections()
+
+        # then: it is kept; past the worker's age it is replaced
+        assert connection.connection is raw
+        connection.close_at -= 600
+        _close_old_connections()
+        assert connection.connection is None
+    finally:
+        db["CONN_MAX_AGE"] = web_age
 
 
 def _count_health_checks(monkeypatch: pytest.MonkeyPatch) -> list[int]:

@@ -155,8 +155,10 @@ def test_each_policy_holds_after_an_outage_and_strict_runs_are_untouched(
             )
         ) == {Occurrence.State.MISSED}
     # and the bystander's strict runs started within 5 s of their instant (p99 of ten: each
-    # one), beside the recovery: recovery work holds at most the unreserved slots, and on-time
-    # work is not held to a share by recovery work waiting (presence.py, steps 5 and 6)
+    # one), beside the recovery: recovery work holds at most the unreserved slots, in all and
+    # on each worker (a worker takes messages before it has a slot free for them and starts
+    # them in turn), and on-time work is not held to a share by recovery work waiting
+    # (presence.py, steps 5 and 6)
     lags = sorted(
         (a.started_at - a.scheduled_for).total_seconds()
         for a in Attempt.objects.filter(tenant=bystander, attempt_no=1)
@@ -164,11 +166,13 @@ def test_each_policy_holds_after_an_outage_and_strict_runs_are_untouched(
     if figures := os.environ.get("TICK_OUTAGE_FIGURES"):  # docs/decisions.md quotes them
         Path(figures).write_text(json.dumps({"bystander_start_lags_s": lags}))
     assert len(lags) == BYSTANDERS and lags[int(0.99 * BYSTANDERS)] <= 5, lags
-    # and they really ran beside the recovery: a recovery run was running at their instant
-    recovery = Attempt.objects.filter(
-        tenant__slug__startswith="outage-", started_at__lte=due, finished_at__gte=due
-    ).exclude(tenant=bystander)
-    assert recovery.exists()
+    # and they really ran beside the recovery: recovery runs started before their instant and
+    # went on after it. Not "one was running at that instant": a recovery run held back at
+    # the reserve waits seconds in the outbox (claim.py, deferral_delay_s), so both recovery
+    # slots may be between runs at any given second while the recovery is still under way.
+    recovery = Attempt.objects.filter(tenant__slug__startswith="outage-").exclude(tenant=bystander)
+    assert recovery.filter(started_at__lt=due).exists()
+    assert recovery.filter(started_at__gt=due).exists()
     # and reconcile agrees: no policy breach, nothing missing
     report = reconcile(start=t0 - timedelta(hours=1), end=timezone.now() + timedelta(minutes=5))
     assert {k: report.counts[k] for k in (*POLICY_BREACHES, "missing") if report.counts[k]} == {}

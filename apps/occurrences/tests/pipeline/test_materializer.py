@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -10,9 +11,12 @@ from django.test.utils import CaptureQueriesContext
 
 from apps.occurrences.models import DispatchOutbox, Lane, Occurrence, occurrence_id_for
 from apps.occurrences.pipeline.materializer import (
+    FLEXIBLE_END_MARGIN_S,
     MaterializeConfig,
     flexible_offset_s,
+    flexible_spread_s,
     materialize_pass,
+    span_cut,
 )
 from apps.occurrences.tests.support.pipeline import leases, materialize_config
 from apps.schedules.models import Schedule, ScheduleEvent
@@ -129,7 +133,18 @@ def test_flexible_available_at_is_stable_and_inside_the_window(tenant_a):
         assert occ.lane == Lane.FLEXIBLE
         offset = (occ.available_at - occ.scheduled_for).total_seconds()
         assert offset == flexible_offset_s(occ.id, 300)
-        assert 0 <= offset < 300
+        # planned at least the end margin before the window closes: a relay a few seconds
+        # behind still enqueues it inside the window
+        assert 0 <= offset < 300 - FLEXIBLE_END_MARGIN_S
+
+
+@pytest.mark.parametrize(("window_s", "spread_s"), [(0, 0), (1, 1), (2, 1), (7, 4), (20, 10),
+                                                    (21, 11), (300, 290)])  # fmt: skip
+def test_a_flexible_row_is_planned_before_its_windows_end_margin(window_s, spread_s):
+    ids = [uuid.uuid5(uuid.NAMESPACE_URL, f"flex-{n}") for n in range(5000)]
+    offsets = {flexible_offset_s(i, window_s) for i in ids}
+    assert flexible_spread_s(window_s) == spread_s
+    assert offsets == set(range(max(1, spread_s)))  # the whole spread used, nothing past it
 
 
 def test_day_long_outage_with_skip_records_a_bounded_number_of_missed_rows(tenant_a):
@@ -276,3 +291,54 @@ def test_instants_due_soonest_are_claimed_before_later_ones_across_shards(tenant
     # then: the one due now went first
     assert set(Occurrence.objects.values_list("schedule_id", flat=True)) == {sooner.id}
     assert not Occurrence.objects.filter(schedule=later).exists()
+
+
+def test_with_a_span_a_schedule_is_written_to_its_shard_cut_and_advanced_once_per_span(tenant_a):
+    # given: two every-minute schedules due at 12:01, in shards 0 and 192 (phases 0 and
+    # 180 s of a 240 s span); a window of 120 s and a span of 240 s
+    first = make_schedule(tenant_a, next_run_at=datetime(2026, 12, 2, 12, 1, tzinfo=UTC))
+    second = make_schedule(tenant_a, next_run_at=datetime(2026, 12, 2, 12, 1, tzinfo=UTC))
+    Schedule.objects.filter(id=first.id).update(shard=0)
+    Schedule.objects.filter(id=second.id).update(shard=192)
+    config = materialize_config(window_s=120, span_s=240)
+    lease_set = leases()
+
+    def minutes(schedule: Schedule) -> list[int]:
+        return [t.minute for t in _instants(Occurrence.objects.filter(schedule=schedule))]
+
+    # when: a pass at 12:00:30 (horizon 12:06:30)
+    taken = materialize_pass(leases=lease_set, now=NOW, config=config)
+
+    # then: each is written up to its shard's cut (12:04 and 12:03), each with an outbox row
+    assert taken.schedules == 2
+    assert minutes(first) == [1, 2, 3, 4] and minutes(second) == [1, 2, 3]
+    assert DispatchOutbox.objects.count() == 7
+    first.refresh_from_db()
+    second.refresh_from_db()
+    assert first.next_run_at == datetime(2026, 12, 2, 12, 5, tzinfo=UTC)
+    assert second.next_run_at == datetime(2026, 12, 2, 12, 4, tzinfo=UTC)
+
+    # and: neither is taken up again before its next instant enters the window
+    at = datetime(2026, 12, 2, 12, 1, 30, tzinfo=UTC)
+    assert materialize_pass(leases=lease_set, now=at, config=config).schedules == 0
+
+    # when: 12:04 enters the window (12:02:00), then 12:05 (12:03:00)
+    later = [datetime(2026, 12, 2, 12, 2, tzinfo=UTC), datetime(2026, 12, 2, 12, 3, tzinfo=UTC)]
+    taken_again = [materialize_pass(leases=lease_set, now=t, config=config) for t in later]
+
+    # then: each was taken up once more and written a whole span further, to the same phase
+    assert [r.schedules for r in taken_again] == [1, 1]
+    assert minutes(second) == [1, 2, 3, 4, 5, 6, 7]
+    assert minutes(first) == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert Occurrence.objects.filter(state=Occurrence.State.SCHEDULED).count() == 15
+    assert DispatchOutbox.objects.count() == 15
+
+
+def test_span_cut_lies_inside_the_last_span_before_the_horizon_at_the_shard_phase():
+    horizon = datetime(2026, 12, 2, 12, 6, 30, tzinfo=UTC)
+    cuts = [span_cut(shard, horizon, 240, 256) for shard in range(256)]
+
+    assert all(horizon - timedelta(seconds=240) < cut <= horizon for cut in cuts)
+    assert len(set(cuts)) == 256  # one phase per shard, spread over the span
+    assert span_cut(0, horizon, 240, 256) == datetime(2026, 12, 2, 12, 4, tzinfo=UTC)
+    assert span_cut(7, horizon, 0, 256) == horizon  # no span: the horizon itself

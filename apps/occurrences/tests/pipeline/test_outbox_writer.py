@@ -36,3 +36,11 @@ def test_every_column_gets_its_expression_by_name() -> None:
     )  # fmt: skip
     assert f"({', '.join(OUTBOX_COLUMNS)})" in sql
     assert "SELECT o, f, s, v, t, h, l, a, c\nFROM x\nRETURNING 1" in sql
+
+
+def test_a_column_not_named_is_read_from_the_source_column_of_its_name() -> None:
+    sql = outbox_insert(occurrence_id="id", lane="%(lane)s", source="FROM x")
+    assert (
+        "SELECT id, scheduled_for, schedule_id, schedule_version, tenant_id, shard, %(lane)s, "
+        "available_at, %(now)s\nFROM x\n"
+    ) in sql

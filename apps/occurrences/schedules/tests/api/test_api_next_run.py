@@ -8,10 +8,9 @@ from typing import Any
 
 import pytest
 import time_machine
-from django.db import connection
-from django.test.utils import CaptureQueriesContext
 
 from apps.occurrences.models import Occurrence
+from apps.occurrences.tests.support.queries import schedule_list_queries
 from apps.occurrences.tests.support.rows import occurrence, schedule
 from apps.schedules.models import Schedule
 
@@ -114,18 +113,12 @@ def test_a_pending_occurrence_of_an_older_version_is_not_the_next_run(api_a, ten
 
 @time_machine.travel(NOW, tick=False)
 def test_the_list_reads_next_runs_for_the_whole_page_in_one_query(api_a, tenant_a):
-    def queries_for_list() -> int:
-        api_a.get("/api/v1/schedules")  # warm: the key's first use writes once
-        with CaptureQueriesContext(connection) as captured:
-            assert api_a.get("/api/v1/schedules").status_code == 200
-        return len(captured)
-
     for _ in range(2):
         occurrence(schedule(tenant_a, next_run_at=at(13)), at(12))
-    two = queries_for_list()
+    two = schedule_list_queries(api_a)
     for _ in range(5):
         occurrence(schedule(tenant_a, next_run_at=at(13)), at(12))
-    seven = queries_for_list()
+    seven = schedule_list_queries(api_a)
 
     assert seven == two
     assert {row["next_run_at"] for row in _listed(api_a).values()} == {"2026-12-02T12:00:00Z"}

@@ -88,3 +88,24 @@ def test_the_detail_page_shows_a_pending_occurrence_as_the_next_run(client, alic
     page = client.get(f"/schedules/{late.id}/").content.decode()
 
     assert re.search(r'<dd id="next-run">2026-12-02 12:00:00 UTC</dd>', page)
+
+
+@time_machine.travel(NOW, tick=False)
+def test_the_detail_pages_next_fires_start_at_the_next_run(client, alice, tenant_a):
+    # given: an every-minute schedule whose 12:00 run is published but not started and whose
+    # 12:01 to 12:04 are written ahead (cursor 12:05), and a run that waits to retry
+    minutely = schedule(tenant_a, name="minutely", expression="* * * * *", next_run_at=at(12, 5))
+    occurrence(minutely, at(11, 58), state=Occurrence.State.RETRY_WAIT)
+    occurrence(minutely, at(12), state=Occurrence.State.ENQUEUED)
+    for minute in range(1, 5):
+        occurrence(minutely, at(12, minute), state=Occurrence.State.SCHEDULED)
+    client.force_login(alice)
+
+    response = client.get(f"/schedules/{minutely.id}/")
+
+    # then: the retry is the next run; the fires are the ten minutes from 12:00, none lost
+    # between the written ones and the cursor
+    page = response.content.decode()
+    assert re.search(r'<dd id="next-run">2026-12-02 11:58:00 UTC</dd>', page)
+    assert [e.at_utc for e in response.context["preview"]] == [at(12, m) for m in range(10)]
+    assert all(e.abbreviation == "UTC" for e in response.context["preview"])
