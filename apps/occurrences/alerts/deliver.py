@@ -168,14 +168,20 @@ def alert_deliver(delivery_id: UUID, *, now: datetime | None = None) -> AlertDel
         if delivery is None or delivery.state != AlertDelivery.State.PENDING:
             return delivery.state if delivery else None  # type: ignore[return-value]
         started = now or timezone.now()
-        busy_until = tenant_sends_busy_until(delivery, now=started)
+        # A second copy of a message another worker is sending now (at least once: a
+        # republish or a redelivery) waits on that send's lease instead of sending beside it.
+        own_lease = delivery.sending_until if (
+            delivery.sending_until is not None and delivery.sending_until > started
+        ) else None  # fmt: skip
+        busy_until = own_lease or tenant_sends_busy_until(delivery, now=started)
         if busy_until is not None:
             # `available_at` changes, so a publish confirm racing with this keeps off it.
             AlertDelivery.objects.filter(id=delivery.id).update(
                 published_at=None,
                 available_at=min(busy_until, started + timedelta(seconds=BUSY_RECHECK_S)),
             )
-            log.info("alert message %s waits: its tenant's sends are taken", delivery.id)
+            why = "another copy is being sent" if own_lease else "its tenant's sends are taken"
+            log.info("alert message %s waits: %s", delivery.id, why)
             return AlertDelivery.State.PENDING
         delivery.attempts += 1
         delivery.sending_until = started + timedelta(seconds=egress_deadline_s() + SENDING_MARGIN_S)

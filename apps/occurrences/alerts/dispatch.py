@@ -109,13 +109,14 @@ def publish_pending(*, now: datetime, publisher: Publisher, limit: int = 500) ->
     result = publisher.publish(messages)
     published = 0
     for key, confirmed_at in result.confirmed.items():
-        delivery_id, attempts, available_at = rows[key]
+        delivery_id, _, available_at = rows[key]
         # Not over a concurrent send's back-off or a worker's "tenant busy" hand-back (either
         # moved `available_at` and cleared the stamp): that message needs publishing again.
+        # A worker that has only begun the send changes `attempts`, not `available_at`: the
+        # message is published, and counting it unpublished would send a second copy at once.
         published += AlertDelivery.objects.filter(
-            id=delivery_id, published_at__isnull=True, attempts=attempts,
-            available_at=available_at,
-        ).update(published_at=confirmed_at)  # fmt: skip
+            id=delivery_id, published_at__isnull=True, available_at=available_at
+        ).update(published_at=confirmed_at)
     for key, reason in result.failed.items():
         log.warning("alert message %s not confirmed: %s", rows[key][0], reason)
     return published

@@ -21,7 +21,7 @@ from apps.occurrences.alerts.configure import (
     send_test_alert,
 )
 from apps.occurrences.alerts.deliver import ALERT_ID_HEADER, alert_deliver
-from apps.occurrences.alerts.dispatch import group_pending
+from apps.occurrences.alerts.dispatch import group_pending, publish_pending
 from apps.occurrences.alerts.lag import lag_alerts_record
 from apps.occurrences.alerts.tests.support import channel, dead_occurrence, receiver, rule
 from apps.occurrences.execution.reaper import attempts_reap
@@ -327,6 +327,53 @@ def test_a_tenants_alert_sends_are_capped_and_a_waiting_message_spends_no_attemp
     held.refresh_from_db()
     assert (held.attempts, held.sending_until) == (1, None)
     assert [m.to for m in mail.outbox] == [["b@example.com"], ["a2@example.com"]]
+
+
+def test_a_second_copy_of_a_message_being_sent_waits_for_that_send(tenant_a, settings):
+    # Room for another send of the tenant: only the copy's own lease holds it.
+    settings.TICK_ALERT_TENANT_SENDS = 2
+    send_test_alert(channel=channel(tenant_a, "ops@example.com"), actor="t")
+    _group_later()
+    now = timezone.now()
+    # A worker is sending this message; a republished copy reaches another worker.
+    AlertDelivery.objects.update(sending_until=now + timedelta(seconds=60), attempts=1,
+                                 published_at=now)  # fmt: skip
+    copy = AlertDelivery.objects.get()
+
+    assert alert_deliver(copy.id) == AlertDelivery.State.PENDING
+    copy.refresh_from_db()
+    assert (copy.attempts, copy.published_at) == (1, None)  # not sent again, no attempt spent
+    assert now < copy.available_at <= timezone.now() + timedelta(seconds=5)
+    assert not mail.outbox
+
+    # The sending worker died: once its lease ends, the copy is sent.
+    AlertDelivery.objects.update(sending_until=now - timedelta(seconds=1))
+    assert alert_deliver(copy.id) == AlertDelivery.State.SENT
+    assert [m.to for m in mail.outbox] == [["ops@example.com"]]
+
+
+def test_a_message_a_worker_begins_sending_before_its_confirm_is_recorded_is_published_once(
+    tenant_a, publisher
+):
+    send_test_alert(channel=channel(tenant_a, "ops@example.com"), actor="t")
+    _group_later()
+    publish = publisher.publish
+
+    def publish_then_a_worker_starts_sending(messages):
+        result = publish(messages)  # the real broker confirms ...
+        # ... and a worker takes the message and begins its send before the pass records it.
+        AlertDelivery.objects.update(
+            attempts=1, sending_until=timezone.now() + timedelta(seconds=60)
+        )
+        return result
+
+    publisher.publish = publish_then_a_worker_starts_sending
+    later = timezone.now() + timedelta(seconds=11)
+    assert publish_pending(now=later, publisher=publisher) == 1
+    publisher.publish = publish
+    # The next pass has nothing to publish: no second copy beside the send under way.
+    assert publish_pending(now=later + timedelta(seconds=1), publisher=publisher) == 0
+    assert AlertDelivery.objects.get().published_at is not None
 
 
 def test_a_line_break_in_a_schedule_name_breaks_no_header_and_adds_no_line(tenant_a):
