@@ -197,7 +197,13 @@ def _invitation_action(
     return idempotent_post(request, call)
 
 
-class InvitationResend(InvitationDetail):
+class _InvitationAction(InvitationDetail):
+    # An action, not a resource: it answers POST only (a GET is 405), and the invitation is
+    # read at its own URL.
+    http_method_names = ["post", "options"]
+
+
+class InvitationResend(_InvitationAction):
     @_invitation_action_schema
     def post(self, request: Request, invitation_id: Any) -> Response:
         """Mail a new link and restart the expiry; the earlier link stops working. An
@@ -210,7 +216,7 @@ class InvitationResend(InvitationDetail):
         )  # fmt: skip
 
 
-class InvitationRevoke(InvitationDetail):
+class InvitationRevoke(_InvitationAction):
     @_invitation_action_schema
     def post(self, request: Request, invitation_id: Any) -> Response:
         """Revoke an open invitation: its link is refused from now on."""

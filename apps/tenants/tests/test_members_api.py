@@ -105,6 +105,19 @@ def test_resend_and_revoke(api_a, tenant_a, django_capture_on_commit_callbacks):
     assert closed.status_code == 409 and closed.json()["error"]["code"] == "invitation_closed"
 
 
+def test_resend_and_revoke_answer_post_only(api_a, tenant_a):
+    invitation = _open_invitation(tenant_a)
+    before = Invitation.objects.get()
+
+    answers = [api_a.get(f"/api/v1/invitations/{invitation.id}/{action}").status_code
+               for action in ("resend", "revoke")]  # fmt: skip
+
+    assert answers == [405, 405]
+    after = Invitation.objects.get()
+    assert (after.token_hash, after.revoked_at) == (before.token_hash, None)
+    assert not mail.outbox
+
+
 def test_change_role_and_remove_with_the_last_admin_kept(api_a, alice, bob, tenant_a):
     admin = Membership.objects.get(user=alice)
     viewer = Membership.objects.get(user=bob)
