@@ -168,20 +168,7 @@ def alert_deliver(delivery_id: UUID, *, now: datetime | None = None) -> AlertDel
         if delivery is None or delivery.state != AlertDelivery.State.PENDING:
             return delivery.state if delivery else None  # type: ignore[return-value]
         started = now or timezone.now()
-        # A second copy of a message another worker is sending now (at least once: a
-        # republish or a redelivery) waits on that send's lease instead of sending beside it.
-        own_lease = delivery.sending_until if (
-            delivery.sending_until is not None and delivery.sending_until > started
-        ) else None  # fmt: skip
-        busy_until = own_lease or tenant_sends_busy_until(delivery, now=started)
-        if busy_until is not None:
-            # `available_at` changes, so a publish confirm racing with this keeps off it.
-            AlertDelivery.objects.filter(id=delivery.id).update(
-                published_at=None,
-                available_at=min(busy_until, started + timedelta(seconds=BUSY_RECHECK_S)),
-            )
-            why = "another copy is being sent" if own_lease else "its tenant's sends are taken"
-            log.info("alert message %s waits: %s", delivery.id, why)
+        if _waits(delivery, started):
             return AlertDelivery.State.PENDING
         delivery.attempts += 1
         delivery.sending_until = started + timedelta(seconds=egress_deadline_s() + SENDING_MARGIN_S)
@@ -222,6 +209,27 @@ def alert_deliver(delivery_id: UUID, *, now: datetime | None = None) -> AlertDel
                     delivery.id, delivery.attempts, exc, backoff)  # fmt: skip
         return AlertDelivery.State.PENDING
     return _finish(delivery, AlertDelivery.State.SENT, error="", now=now)
+
+
+def _waits(delivery: AlertDelivery, started: datetime) -> bool:
+    """Whether the locked `delivery` must wait instead of being sent now; then it is handed
+    back to the dispatcher, no attempt spent."""
+    # A second copy of a message another worker is sending now (at least once: a republish
+    # or a redelivery) waits on that send's lease instead of sending beside it.
+    own_lease = delivery.sending_until if (
+        delivery.sending_until is not None and delivery.sending_until > started
+    ) else None  # fmt: skip
+    busy_until = own_lease or tenant_sends_busy_until(delivery, now=started)
+    if busy_until is None:
+        return False
+    # `available_at` changes, so a publish confirm racing with this keeps off it.
+    AlertDelivery.objects.filter(id=delivery.id).update(
+        published_at=None,
+        available_at=min(busy_until, started + timedelta(seconds=BUSY_RECHECK_S)),
+    )
+    why = "another copy is being sent" if own_lease else "its tenant's sends are taken"
+    log.info("alert message %s waits: %s", delivery.id, why)
+    return True
 
 
 def tenant_sends_busy_until(delivery: AlertDelivery, *, now: datetime) -> datetime | None:
