@@ -5,7 +5,8 @@ claim.py      step 1: lock, re-check, overlap policy, tenant quota, open the att
 heartbeat.py  step 2: renew the lease while the handler runs; notice cancel or a lost lease
 complete.py   step 3: record the result under the lease; retry, DEAD, wake a WAITING one
 complete_batch.py  step 3, successes of ALLOW schedules: group commit per pool process (default off)
-statements.py steps 1 and 3's per-occurrence statements, prepared on a direct connection
+statements.py steps 1 and 3's per-occurrence statements, prepared on a direct connection,
+              naming the row's day partition
 reaper.py     step 4: take back attempts whose lease expired
 replay.py     step 5: DEAD → RETRY_WAIT again, same id (dead-letter view)
 cancel.py     cancel one occurrence, at once or cooperatively

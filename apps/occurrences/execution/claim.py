@@ -71,7 +71,12 @@ from apps.occurrences.execution.presence import (
 )
 from apps.occurrences.execution.registry import handler_spec
 from apps.occurrences.execution.requeue import OutboxTarget, requeue_through_outbox
-from apps.occurrences.execution.statements import execute_prepared
+from apps.occurrences.execution.statements import (
+    ATTEMPT_ROW_TABLE,
+    OCCURRENCE_ROW_TABLE,
+    execute_prepared,
+    on_row_partitions,
+)
 from apps.occurrences.misfire import misfire_judge
 from apps.occurrences.models import Attempt, Lane, Occurrence
 from apps.occurrences.observability import metrics
@@ -132,7 +137,7 @@ _LOCK_ROW = f"""
                s.timeout_s, t.max_timeout_s, o.origin, o.available_at, s.max_lateness_s,
                coalesce(o.last_enqueued_at > o.enqueued_at, false), o.lane,
                s.pause_after_dead, s.dead_streak
-        FROM occurrences_occurrence o
+        FROM {OCCURRENCE_ROW_TABLE} o
         JOIN schedules_schedule s ON s.id = o.schedule_id
         JOIN tenants_tenant t ON t.id = o.tenant_id
         WHERE o.id = %(id)s AND o.scheduled_for = %(at)s
@@ -240,7 +245,8 @@ def _lock_row(
     cursor: CursorWrapper, occurrence_id: uuid.UUID, scheduled_for: datetime, now: datetime
 ) -> _ClaimRow | None:
     """Step a's lock (and the tenant lock when it can be taken now, `_LOCK_ROW`)."""
-    found = execute_prepared(cursor, _LOCK_ROW, {
+    statement = on_row_partitions(_LOCK_ROW, scheduled_for, now)
+    found = execute_prepared(cursor, statement, {
         "id": occurrence_id, "at": scheduled_for, "now": now,
         "scheduled": Occurrence.State.SCHEDULED, "enqueued": Occurrence.State.ENQUEUED,
         "allow": Schedule.OverlapPolicy.ALLOW, "canceled": Schedule.State.CANCELED,
@@ -564,12 +570,12 @@ def _held_to_share(
 # `below` (NULL: no bound, the claim was judged already), the attempt with a fresh lease and
 # the occurrence's move to RUNNING. The attempt's foreign key to the occurrence is checked
 # at the end of the statement, after the update.
-_OPEN_ATTEMPT = """
+_OPEN_ATTEMPT = f"""
     WITH running AS (
         SELECT count(*) AS n FROM occurrences_attempt
         WHERE tenant_id = %(tenant)s AND finished_at IS NULL
     ), attempt AS (
-        INSERT INTO occurrences_attempt
+        INSERT INTO {ATTEMPT_ROW_TABLE}
             (id, scheduled_for, occurrence_id, tenant_id, attempt_no, lease_token,
              lease_expires_at, worker_id, started_at, finished_at, outcome,
              error_class, error_message)
@@ -578,7 +584,8 @@ _OPEN_ATTEMPT = """
         FROM running WHERE %(below)s::int IS NULL OR running.n < %(below)s::int
         RETURNING 1
     ), occurrence AS (
-        UPDATE occurrences_occurrence SET state = %(running_state)s, attempt_count = %(attempt_no)s
+        UPDATE {OCCURRENCE_ROW_TABLE}
+        SET state = %(running_state)s, attempt_count = %(attempt_no)s
         WHERE id = %(id)s AND scheduled_for = %(at)s AND EXISTS (SELECT 1 FROM attempt)
         RETURNING lane, available_at
     )
@@ -595,7 +602,8 @@ def _open_attempt(
     opened)."""
     attempt_no = row.attempt_count + 1
     attempt_id, lease_token = uuid.uuid4(), uuid.uuid4()
-    opened = execute_prepared(cursor, _OPEN_ATTEMPT, {
+    statement = on_row_partitions(_OPEN_ATTEMPT, row.scheduled_for, now)
+    opened = execute_prepared(cursor, statement, {
         "tenant": row.tenant_id, "attempt": attempt_id, "at": row.scheduled_for,
         "id": row.occurrence_id, "attempt_no": attempt_no, "token": lease_token,
         "expires": now + timedelta(seconds=settings.TICK_ATTEMPT_LEASE_S),

@@ -51,7 +51,12 @@ from apps.occurrences.execution.retry_bounds import (
     deadline_refusal,
     spend_retry_budget,
 )
-from apps.occurrences.execution.statements import execute_prepared
+from apps.occurrences.execution.statements import (
+    ATTEMPT_ROW_TABLE,
+    OCCURRENCE_ROW_TABLE,
+    execute_prepared,
+    on_row_partitions,
+)
 from apps.occurrences.models import Attempt, Occurrence
 from apps.occurrences.observability import metrics
 from apps.schedules.models import Schedule
@@ -221,19 +226,19 @@ def _retry_or_dead(
 # the same attempt_count, then (only then) close the attempt. Locks in complete.py's order:
 # each step runs as the next one's one-time condition, so the attempt row is locked before
 # the occurrence row is touched. A miss anywhere writes nothing.
-_RECORD_HELD = """
+_RECORD_HELD = f"""
     WITH held AS MATERIALIZED (
-        SELECT 1 FROM occurrences_attempt
+        SELECT 1 FROM {ATTEMPT_ROW_TABLE}
         WHERE id = %(attempt)s AND scheduled_for = %(at)s AND lease_token = %(token)s
           AND finished_at IS NULL
         FOR UPDATE
     ), occurrence AS (
-        UPDATE occurrences_occurrence SET state = %(state)s, finished_at = %(finished_at)s
+        UPDATE {OCCURRENCE_ROW_TABLE} SET state = %(state)s, finished_at = %(finished_at)s
         WHERE id = %(id)s AND scheduled_for = %(at)s AND state = %(running)s
           AND attempt_count = %(attempt_no)s AND EXISTS (SELECT 1 FROM held)
         RETURNING 1
     ), attempt AS (
-        UPDATE occurrences_attempt
+        UPDATE {ATTEMPT_ROW_TABLE}
         SET finished_at = %(now)s, outcome = %(outcome)s, error_class = %(error_class)s,
             error_message = %(error_message)s
         WHERE id = %(attempt)s AND scheduled_for = %(at)s AND lease_token = %(token)s
@@ -251,7 +256,8 @@ def _record_held(
     (nothing written)."""
     assert claim.context is not None
     ctx = claim.context
-    found = execute_prepared(cursor, _RECORD_HELD, {
+    statement = on_row_partitions(_RECORD_HELD, ctx.scheduled_for, now)
+    found = execute_prepared(cursor, statement, {
         "attempt": claim.attempt_id, "at": ctx.scheduled_for, "token": claim.lease_token,
         "id": ctx.occurrence_id, "state": decision.state, "running": Occurrence.State.RUNNING,
         "finished_at": now, "attempt_no": ctx.attempt_no, "now": now, "outcome": decision.outcome,

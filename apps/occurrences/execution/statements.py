@@ -24,6 +24,18 @@ plans prune the partitions at execution instead (docs/decisions.md "The worker's
 per-occurrence statements prepared"). The setting is the session's, and only prepared
 statements heed it: Django's client-side bound statements are planned as before.
 
+Even a generic plan over a partitioned table is costly for a statement that touches one row:
+executing it locks every partition and their indexes before pruning them (56 relation locks
+for one occurrence row with nine daily partitions, against eight for the partition alone, and
+more with each day retention keeps), most of them past the backend's sixteen fast-path lock
+slots. So the rows an occurrence's claim and completion change are named by their day
+partition (`on_row_partitions`, placeholders `OCCURRENCE_ROW_TABLE`/`ATTEMPT_ROW_TABLE`);
+a statement over a tenant's attempts of every day keeps the partitioned table. Each day's
+text is its own prepared statement. A day that retention may be dropping (within a day of
+`TICK_RETENTION_DAYS`) keeps the partitioned tables, so a statement never names a partition
+that is gone: a row there is found, or not, through its parent (docs/decisions.md "The
+worker's statements name the row's partition").
+
 The statement runs on the connection's own session and transaction; errors are Django's
 (`OperationalError` for an outage, which the callers ride out), and a debug cursor logs it.
 """
@@ -32,12 +44,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
+from django.conf import settings
 from django.db.backends.signals import connection_created
 from django.db.backends.utils import CursorWrapper
 from django.dispatch import receiver
+
+from apps.occurrences.pipeline.partitions import partition_name, partitions_absent
 
 
 def prepared(cursor: CursorWrapper) -> bool:
@@ -60,6 +76,25 @@ def _generic_plans(sender: Any, connection: Any, **_: Any) -> None:
     raw = connection.connection
     if getattr(raw, "prepare_threshold", None) is not None:
         raw.execute(GENERIC_PLANS)
+
+
+OCCURRENCE_ROW_TABLE = "{occurrence_row_table}"
+ATTEMPT_ROW_TABLE = "{attempt_row_table}"
+
+
+def on_row_partitions(sql: str, scheduled_for: datetime, now: datetime) -> str:
+    """`sql` with `OCCURRENCE_ROW_TABLE` and `ATTEMPT_ROW_TABLE` naming the day partitions
+    that hold the rows of `scheduled_for`, or the partitioned tables for a day that has no
+    partitions or that retention may be dropping (module docstring). A day not yet seen costs
+    one catalog query, then is remembered (pipeline/partitions.py `partitions_absent`)."""
+    day = scheduled_for.astimezone(UTC).date()
+    oldest_kept = now.astimezone(UTC).date() - timedelta(days=settings.TICK_RETENTION_DAYS - 1)
+    if day < oldest_kept or partitions_absent([day]):
+        occurrence, attempt = "occurrences_occurrence", "occurrences_attempt"
+    else:
+        occurrence = partition_name("occurrences_occurrence", day)
+        attempt = partition_name("occurrences_attempt", day)
+    return sql.replace(OCCURRENCE_ROW_TABLE, occurrence).replace(ATTEMPT_ROW_TABLE, attempt)
 
 
 def execute_prepared(cursor: CursorWrapper, sql: str, params: Mapping[str, Any]) -> Any:

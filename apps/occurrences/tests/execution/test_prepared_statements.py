@@ -52,6 +52,8 @@ def pooled(fresh_connection: None) -> Iterator[None]:
 def _run_two(tenant) -> list[Occurrence]:
     sched = schedule(tenant, handler="noop", payload={})
     at = timezone.now().replace(second=0, microsecond=0)
+    if (at - timedelta(minutes=2)).date() != at.date():
+        at = at.replace(hour=0, minute=0) - timedelta(minutes=1)  # both in one day's partitions
     occs = [occurrence(sched, at - timedelta(minutes=n)) for n in (1, 2)]
     for occ in occs:
         summary = occurrence_execute(
@@ -67,7 +69,9 @@ def test_claim_and_completion_are_prepared_once_per_connection(tenant_a, fresh_c
 
     statements = _prepared_statements()
     # the row lock, the attempt's opening and the completion: one prepared statement each,
-    # reused by the second occurrence
+    # reused by the second occurrence, naming the day's partitions
+    day = f"{occs[0].scheduled_for:%Y%m%d}"
+    assert all(f"occurrences_occurrence_p{day}" in s for s in statements), statements
     assert sum("WITH r AS MATERIALIZED" in s for s in statements) == 1
     assert sum("WITH running AS" in s for s in statements) == 1
     assert sum("WITH held AS MATERIALIZED" in s for s in statements) == 1
