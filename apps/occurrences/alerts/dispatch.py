@@ -97,19 +97,19 @@ def publish_pending(*, now: datetime, publisher: Publisher, limit: int = 500) ->
             published_at__isnull=True, state=AlertDelivery.State.PENDING, available_at__lte=now
         )
         .order_by("available_at")
-        .values_list("id", "attempts", "available_at")[:limit]
+        .values_list("id", "available_at")[:limit]
     )
     if not rows:
         return 0
     queue = alerts_queue_name(publisher.prefix)
     messages = [
         OutgoingMessage((i,), queue, ALERT_TASK_NAME, str(d), {"delivery_id": str(d)})
-        for i, (d, _, _) in enumerate(rows)
+        for i, (d, _) in enumerate(rows)
     ]
     result = publisher.publish(messages)
     published = 0
     for key, confirmed_at in result.confirmed.items():
-        delivery_id, _, available_at = rows[key]
+        delivery_id, available_at = rows[key]
         # Not over a concurrent send's back-off or a worker's "tenant busy" hand-back (either
         # moved `available_at` and cleared the stamp): that message needs publishing again.
         # A worker that has only begun the send changes `attempts`, not `available_at`: the

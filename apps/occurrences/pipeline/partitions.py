@@ -105,8 +105,11 @@ def partitions_absent(days: Iterable[date]) -> set[date]:
     create tables: a web request runs as the restricted web role); present days are
     remembered like created ones."""
     absent: set[date] = set()
+    unknown = sorted(set(days) - _known_days)
+    if not unknown:
+        return absent  # the worker's claim asks on every occurrence: no cursor for a known day
     with connection.cursor() as cursor:
-        for day in sorted(set(days) - _known_days):
+        for day in unknown:
             names = [partition_name(table, day) for table in PARTITIONED_TABLES]
             cursor.execute(
                 "SELECT bool_and(to_regclass(n) IS NOT NULL) FROM unnest(%s::text[]) AS n",
