@@ -13,7 +13,7 @@ import time_machine
 from apps.occurrences.models import Occurrence
 from apps.occurrences.pipeline.materializer import materialize_pass
 from apps.occurrences.tests.support.pipeline import leases, materialize_config
-from apps.occurrences.tests.support.queries import schedule_list_queries
+from apps.occurrences.tests.support.queries import schedule_list_queries, schedule_list_rows
 from apps.occurrences.tests.support.rows import occurrence
 from apps.schedules.models import Schedule
 from apps.schedules.tests.factories import make_schedule
@@ -59,12 +59,6 @@ def shown(api: Any, made: Schedule) -> dict[str, Any]:
     return body
 
 
-def listed(api: Any) -> dict[str, dict[str, Any]]:
-    response = api.get("/api/v1/schedules")
-    assert response.status_code == 200, response.content
-    return {row["id"]: row for row in response.json()["results"]}
-
-
 @time_machine.travel(NOW, tick=False)
 def test_after_a_pass_written_a_span_ahead_the_next_fires_start_at_the_next_run(api_a, tenant_a):
     # given: an every-minute schedule whose 12:01 to 12:04 are written ahead, cursor 12:05
@@ -74,7 +68,7 @@ def test_after_a_pass_written_a_span_ahead_the_next_fires_start_at_the_next_run(
     assert made.next_run_at == at(5)
 
     body = shown(api_a, made)
-    row = listed(api_a)[str(made.id)]
+    row = schedule_list_rows(api_a)[str(made.id)]
 
     # then: the next five minutes, the first of them the next run, on both answers
     assert body["next_run_at"] == "2026-12-02T12:01:00Z"
@@ -110,7 +104,7 @@ def test_a_paused_schedule_lists_no_fire_and_a_resumed_one_its_restored_instants
         None, [],
     )  # fmt: skip
     assert shown(api_a, made)["next_fires"] == []
-    assert listed(api_a)[str(made.id)]["next_fires"] == []
+    assert schedule_list_rows(api_a)[str(made.id)]["next_fires"] == []
 
     # when: resumed — the pause canceled 12:01 to 12:04, still ahead: restored
     resumed = api_a.post(f"/api/v1/schedules/{made.id}/resume")
@@ -233,6 +227,6 @@ def test_the_list_reads_next_fires_for_the_whole_page_in_one_query(api_a, tenant
     seven = schedule_list_queries(api_a)
 
     assert seven == two
-    rows = listed(api_a).values()
+    rows = schedule_list_rows(api_a).values()
     assert len(rows) == 7
     assert all(row["next_fires"] == minutes(1, 2, 3, 4, 5) for row in rows)

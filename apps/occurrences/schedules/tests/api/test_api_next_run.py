@@ -4,13 +4,12 @@ instant not yet run — a pending occurrence or the materializer's cursor, which
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
 
 import pytest
 import time_machine
 
 from apps.occurrences.models import Occurrence
-from apps.occurrences.tests.support.queries import schedule_list_queries
+from apps.occurrences.tests.support.queries import schedule_list_queries, schedule_list_rows
 from apps.occurrences.tests.support.rows import occurrence, schedule
 from apps.schedules.models import Schedule
 
@@ -23,12 +22,6 @@ def at(hour: int, minute: int = 0) -> datetime:
     return datetime(2026, 12, 2, hour, minute, tzinfo=UTC)
 
 
-def _listed(api: Any) -> dict[str, dict[str, Any]]:
-    response = api.get("/api/v1/schedules")
-    assert response.status_code == 200, response.content
-    return {row["id"]: row for row in response.json()["results"]}
-
-
 @time_machine.travel(NOW, tick=False)
 def test_an_enqueued_occurrence_before_the_cursor_is_the_next_run(api_a, tenant_a):
     # given: an hourly schedule materialized up to 13:00 whose 12:00 run is published but
@@ -38,7 +31,7 @@ def test_an_enqueued_occurrence_before_the_cursor_is_the_next_run(api_a, tenant_
     occurrence(hourly, at(12), state=Occurrence.State.ENQUEUED)
 
     detail = api_a.get(f"/api/v1/schedules/{hourly.id}").json()
-    listed = _listed(api_a)[str(hourly.id)]
+    listed = schedule_list_rows(api_a)[str(hourly.id)]
 
     assert detail["next_run_at"] == "2026-12-02T12:00:00Z"
     assert listed["next_run_at"] == "2026-12-02T12:00:00Z"
@@ -71,7 +64,7 @@ def test_a_paused_schedule_shows_no_next_run_and_a_resumed_one_does_again(api_a,
     )  # fmt: skip
     detail = api_a.get(f"/api/v1/schedules/{hourly.id}").json()
     assert (detail["next_run_at"], detail["next_fires"]) == (None, [])
-    listed = _listed(api_a)[str(hourly.id)]
+    listed = schedule_list_rows(api_a)[str(hourly.id)]
     assert (listed["next_run_at"], listed["next_fires"]) == (None, [])
 
     resumed = api_a.post(f"/api/v1/schedules/{hourly.id}/resume")
@@ -94,7 +87,7 @@ def test_a_schedule_that_never_fires_again_shows_no_next_run(api_a, tenant_a, st
     Schedule.objects.filter(pk=hourly.pk).update(state=state)
 
     detail = api_a.get(f"/api/v1/schedules/{hourly.id}").json()
-    listed = _listed(api_a)[str(hourly.id)]
+    listed = schedule_list_rows(api_a)[str(hourly.id)]
 
     assert (detail["next_run_at"], detail["next_fires"]) == (None, [])
     assert (listed["next_run_at"], listed["next_fires"]) == (None, [])
@@ -121,4 +114,6 @@ def test_the_list_reads_next_runs_for_the_whole_page_in_one_query(api_a, tenant_
     seven = schedule_list_queries(api_a)
 
     assert seven == two
-    assert {row["next_run_at"] for row in _listed(api_a).values()} == {"2026-12-02T12:00:00Z"}
+    assert {row["next_run_at"] for row in schedule_list_rows(api_a).values()} == {
+        "2026-12-02T12:00:00Z"
+    }
