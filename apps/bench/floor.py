@@ -6,7 +6,11 @@ as a ratio of what the same rows cost at least (docs/performance.md "Floor").
   occurrences and outbox rows and advances `next_run_at`;
 - relay: per 20,000 outbox rows one `DELETE … RETURNING` feeding an `UPDATE … ENQUEUED`;
 - claim: per occurrence one transaction (`UPDATE` RUNNING + `INSERT` attempt);
-- complete: per occurrence one transaction (`UPDATE` attempt + `UPDATE` occurrence).
+- complete: per occurrence one transaction (`UPDATE` attempt + `UPDATE` occurrence);
+- with `execution_batch` K > 0, the same claim and completion once more over as many other
+  rows, K occurrences per transaction (one set-based statement each): what batching claims
+  and completions could buy on this schema, beside the one-at-a-time floor
+  (docs/performance.md "Floor").
 
 No broker, no Python between rows beyond the driver: each phase's PostgreSQL CPU is read
 from /proc for this connection's backend and for the whole server (walwriter, checkpointer,
@@ -33,6 +37,11 @@ from apps.bench.fixtures import (
 )
 from apps.bench.pg_profile import backend_cpu_s, profile_read
 from apps.bench.processes import postgresql_cpu_s
+from apps.occurrences.execution.statements import (
+    ATTEMPT_ROW_TABLE,
+    OCCURRENCE_ROW_TABLE,
+    on_row_partitions,
+)
 from apps.occurrences.models import Attempt, Lane, Occurrence
 from apps.occurrences.pipeline.partitions import partitions_ensure
 from apps.schedules.models import Schedule
@@ -43,6 +52,7 @@ RELAY_BATCH = 20_000
 PHASES = ("materialize", "relay", "claim", "complete")
 DELIVERY_PHASES = ("materialize", "relay")
 EXECUTION_PHASES = ("claim", "complete")
+BATCHED_PHASES = ("claim batched", "complete batched")
 
 _MATERIALIZE = """
     WITH due AS (
@@ -101,6 +111,42 @@ _COMPLETE_OCCURRENCE = """
     UPDATE occurrences_occurrence SET state = %s, finished_at = now()
      WHERE id = %s AND scheduled_for = %s AND state = %s
 """
+# The batched claim and completion: the same rows and conditions as the statements above,
+# for every occurrence of a batch in one statement, on the day partitions of the batch's
+# rows (one day per batch here), as the worker names them: on the partitioned tables a
+# statement over a set of rows is planned across every kept day's partition and costs
+# several times the rows' work (docs/performance.md "Floor").
+_CLAIM_BATCH = f"""
+    WITH r AS (
+        SELECT * FROM unnest(%(ids)s::uuid[], %(ats)s::timestamptz[], %(tenants)s::uuid[],
+                             %(attempts)s::uuid[], %(tokens)s::uuid[])
+            AS r(id, at, tenant_id, attempt_id, token)
+    ), occ AS (
+        UPDATE {OCCURRENCE_ROW_TABLE} o SET state = %(running)s, attempt_count = o.attempt_count + 1
+          FROM r WHERE o.id = r.id AND o.scheduled_for = r.at AND o.state = %(enqueued)s
+        RETURNING o.id, o.scheduled_for
+    )
+    INSERT INTO {ATTEMPT_ROW_TABLE}
+        (id, scheduled_for, occurrence_id, tenant_id, attempt_no, lease_token,
+         lease_expires_at, worker_id, started_at, outcome, error_class, error_message)
+    SELECT r.attempt_id, r.at, r.id, r.tenant_id, 1, r.token, now() + interval '5 minutes',
+           'floor', now(), '', '', ''
+      FROM r JOIN occ ON occ.id = r.id AND occ.scheduled_for = r.at
+"""
+_COMPLETE_BATCH = f"""
+    WITH r AS (
+        SELECT * FROM unnest(%(ids)s::uuid[], %(ats)s::timestamptz[], %(attempts)s::uuid[],
+                             %(tokens)s::uuid[]) AS r(id, at, attempt_id, token)
+    ), att AS (
+        UPDATE {ATTEMPT_ROW_TABLE} a SET finished_at = now(), outcome = %(succeeded)s
+          FROM r WHERE a.id = r.attempt_id AND a.scheduled_for = r.at AND a.lease_token = r.token
+           AND a.finished_at IS NULL
+        RETURNING a.occurrence_id, a.scheduled_for
+    )
+    UPDATE {OCCURRENCE_ROW_TABLE} o SET state = %(succeeded_state)s, finished_at = now()
+      FROM att WHERE o.id = att.occurrence_id AND o.scheduled_for = att.scheduled_for
+       AND o.state = %(running)s
+"""
 
 
 @dataclass
@@ -118,6 +164,7 @@ class FloorReport:
     executed: int
     phases: dict[str, PhaseCost]
     occurrence_hot_share: float | None
+    execution_batch: int = 0  # K of the batched phases (BATCHED_PHASES); 0: not run
 
     def per_occurrence(self, phases: tuple[str, ...]) -> tuple[float, float]:
         """(server µs, WAL bytes) per occurrence over `phases`."""
@@ -144,6 +191,12 @@ class FloorReport:
             f"{delivery_wal / 1024:.2f} + {execution_wal / 1024:.2f} KB/occ; occurrence "
             f"updates HOT {hot}"
         )
+        if all(p in self.phases for p in BATCHED_PHASES):
+            batched, batched_wal = self.per_occurrence(BATCHED_PHASES)
+            out.append(
+                f"  execution {self.execution_batch} at a time: {batched:.0f} µs PG CPU/occ, "
+                f"WAL {batched_wal / 1024:.2f} KB/occ"
+            )
         return out
 
 
@@ -268,14 +321,71 @@ def _complete(claimed: list[_Claimed]) -> None:
                 ])  # fmt: skip
 
 
+def _claim_batched(rows: list[tuple[uuid.UUID, datetime, uuid.UUID]], batch: int) -> list[_Claimed]:
+    claimed: list[_Claimed] = []
+    now = timezone.now()
+    with connection.cursor() as cursor:
+        for start in range(0, len(rows), batch):
+            chunk = rows[start : start + batch]
+            attempts = [uuid.uuid4() for _ in chunk]
+            tokens = [uuid.uuid4() for _ in chunk]
+            with transaction.atomic():
+                cursor.execute(on_row_partitions(_CLAIM_BATCH, chunk[0][1], now), {
+                    "ids": [r[0] for r in chunk], "ats": [r[1] for r in chunk],
+                    "tenants": [r[2] for r in chunk], "attempts": attempts, "tokens": tokens,
+                    "running": Occurrence.State.RUNNING, "enqueued": Occurrence.State.ENQUEUED,
+                })  # fmt: skip
+            claimed += [(r[0], r[1], a, t) for r, a, t in zip(chunk, attempts, tokens, strict=True)]
+    return claimed
+
+
+def _complete_batched(claimed: list[_Claimed], batch: int) -> None:
+    now = timezone.now()
+    with connection.cursor() as cursor:
+        for start in range(0, len(claimed), batch):
+            chunk = claimed[start : start + batch]
+            with transaction.atomic():
+                cursor.execute(on_row_partitions(_COMPLETE_BATCH, chunk[0][1], now), {
+                    "ids": [c[0] for c in chunk], "ats": [c[1] for c in chunk],
+                    "attempts": [c[2] for c in chunk], "tokens": [c[3] for c in chunk],
+                    "succeeded": Attempt.Outcome.SUCCEEDED,
+                    "succeeded_state": Occurrence.State.SUCCEEDED,
+                    "running": Occurrence.State.RUNNING,
+                })  # fmt: skip
+
+
+def _execute_phases(
+    rows: list[tuple[uuid.UUID, datetime, uuid.UUID]], executed: int, batch: int
+) -> dict[str, PhaseCost]:
+    """Claim and complete the first `executed` rows one at a time; with `batch` > 0, the next
+    `executed` rows `batch` at a time."""
+    costs: dict[str, PhaseCost] = {}
+    with _Meter() as meter:
+        claimed = _claim(rows[:executed])
+    costs["claim"] = meter.cost(len(claimed))
+    with _Meter() as meter:
+        _complete(claimed)
+    costs["complete"] = meter.cost(len(claimed))
+    if batch > 0:
+        with _Meter() as meter:
+            claimed = _claim_batched(rows[executed:], batch)
+        costs["claim batched"] = meter.cost(len(claimed))
+        with _Meter() as meter:
+            _complete_batched(claimed, batch)
+        costs["complete batched"] = meter.cost(len(claimed))
+    return costs
+
+
 def bench_floor(
     *,
     occurrences: int = 20_000,
     executed: int = 2_000,
+    execution_batch: int = 0,
     log: Callable[[str], object] | None = None,
 ) -> FloorReport:
     """Run the lean lifecycle over `occurrences` rows (claim and complete over the first
-    `executed` of them); everything is removed afterwards."""
+    `executed` of them one at a time, and with `execution_batch` > 0 over as many more
+    `execution_batch` at a time); everything is removed afterwards."""
     say = log or (lambda message: None)
     # An instant a day ahead: no real materializer's window reaches it during the floor.
     at = (timezone.now() + timedelta(days=1)).replace(second=0, microsecond=0)
@@ -297,20 +407,18 @@ def bench_floor(
             cursor.execute(
                 "SELECT id, scheduled_for, tenant_id FROM occurrences_occurrence "
                 "WHERE tenant_id = %s AND scheduled_for = %s LIMIT %s",
-                [tenant_id, at, executed],
+                [tenant_id, at, executed * (2 if execution_batch > 0 else 1)],
             )
             rows = cursor.fetchall()
-        with _Meter() as meter:
-            claimed = _claim(rows)
-        costs["claim"] = meter.cost(len(claimed))
-        with _Meter() as meter:
-            _complete(claimed)
-        costs["complete"] = meter.cost(len(claimed))
+        costs.update(_execute_phases(rows, executed, execution_batch))
         after = profile_read().tables.get(OCCURRENCE_TABLE)
         hot = None
         if before is not None and after is not None and after.updated > before.updated:
             hot = (after.hot_updated - before.hot_updated) / (after.updated - before.updated)
-        return FloorReport(made, len(claimed), costs, None if hot is None else round(hot, 3))
+        return FloorReport(
+            made, costs["claim"].rows, costs, None if hot is None else round(hot, 3),
+            execution_batch=execution_batch if execution_batch > 0 else 0,
+        )  # fmt: skip
     finally:
         bench_tenants_delete(tenant_ids)
 

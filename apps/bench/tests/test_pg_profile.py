@@ -85,15 +85,29 @@ def test_the_floor_runs_the_whole_lifecycle_and_leaves_nothing_behind():
 
 
 @pytest.mark.django_db(transaction=True)
+def test_the_floor_s_batched_execution_claims_and_completes_every_row_of_each_batch():
+    occurrences = Occurrence.objects.count()
+    report = bench_floor(occurrences=60, executed=10, execution_batch=4)
+    assert report.executed == 10 and report.execution_batch == 4
+    # ten rows more, in batches of 4, 4 and 2
+    assert report.phases["claim batched"].rows == report.phases["complete batched"].rows == 10
+    assert report.phases["claim batched"].wal_bytes > 0
+    assert any(line.startswith("  execution 4 at a time: ") for line in report.lines())
+    assert Occurrence.objects.count() == occurrences
+
+
+@pytest.mark.django_db(transaction=True)
 def test_the_profile_counts_updates_and_wal_since_its_reset():
     bench_floor(occurrences=50, executed=0)  # rows to be counted, then removed
     profile_reset()
     before = profile_read()
-    report = bench_floor(occurrences=100, executed=10)
+    report = bench_floor(occurrences=100, executed=10, execution_batch=3)
     after = profile_read()
     table = after.tables["occurrences_occurrence"]
-    # 100 relayed, 10 claimed, 10 completed; the reset left the earlier run's out.
-    assert table.inserted == 100 and table.updated == 120
+    # 100 relayed; 10 claimed and completed one at a time, 10 more three at a time; the
+    # reset left the earlier run's out.
+    assert table.inserted == 100 and table.updated == 140
+    assert after.tables["occurrences_attempt"].inserted == 20
     assert before.wal.bytes <= after.wal.bytes and after.wal.records > 0
     assert report.occurrences == 100
     lines = Profile(after.statements_available, after.statements, after.tables, after.wal).lines()
