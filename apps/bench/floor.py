@@ -115,7 +115,7 @@ _COMPLETE_OCCURRENCE = """
 # for every occurrence of a batch in one statement, on the day partitions of the batch's
 # rows (one day per batch here), as the worker names them: on the partitioned tables a
 # statement over a set of rows is planned across every kept day's partition and costs
-# several times the rows' work (docs/performance.md "Floor").
+# several times the rows' work (docs/performance.md "Execution batched: what the floor says").
 _CLAIM_BATCH = f"""
     WITH r AS (
         SELECT * FROM unnest(%(ids)s::uuid[], %(ats)s::timestamptz[], %(tenants)s::uuid[],
@@ -132,6 +132,7 @@ _CLAIM_BATCH = f"""
     SELECT r.attempt_id, r.at, r.id, r.tenant_id, 1, r.token, now() + interval '5 minutes',
            'floor', now(), '', '', ''
       FROM r JOIN occ ON occ.id = r.id AND occ.scheduled_for = r.at
+    RETURNING occurrence_id
 """
 _COMPLETE_BATCH = f"""
     WITH r AS (
@@ -335,11 +336,18 @@ def _claim_batched(rows: list[tuple[uuid.UUID, datetime, uuid.UUID]], batch: int
                     "tenants": [r[2] for r in chunk], "attempts": attempts, "tokens": tokens,
                     "running": Occurrence.State.RUNNING, "enqueued": Occurrence.State.ENQUEUED,
                 })  # fmt: skip
-            claimed += [(r[0], r[1], a, t) for r, a, t in zip(chunk, attempts, tokens, strict=True)]
+                opened = {row[0] for row in cursor.fetchall()}
+            claimed += [
+                (r[0], r[1], a, t)
+                for r, a, t in zip(chunk, attempts, tokens, strict=True)
+                if r[0] in opened
+            ]
     return claimed
 
 
-def _complete_batched(claimed: list[_Claimed], batch: int) -> None:
+def _complete_batched(claimed: list[_Claimed], batch: int) -> int:
+    """Returns how many occurrences the batches moved to SUCCEEDED."""
+    done = 0
     now = timezone.now()
     with connection.cursor() as cursor:
         for start in range(0, len(claimed), batch):
@@ -352,6 +360,8 @@ def _complete_batched(claimed: list[_Claimed], batch: int) -> None:
                     "succeeded_state": Occurrence.State.SUCCEEDED,
                     "running": Occurrence.State.RUNNING,
                 })  # fmt: skip
+                done += max(cursor.rowcount, 0)
+    return done
 
 
 def _execute_phases(
@@ -371,8 +381,8 @@ def _execute_phases(
             claimed = _claim_batched(rows[executed:], batch)
         costs["claim batched"] = meter.cost(len(claimed))
         with _Meter() as meter:
-            _complete_batched(claimed, batch)
-        costs["complete batched"] = meter.cost(len(claimed))
+            completed = _complete_batched(claimed, batch)
+        costs["complete batched"] = meter.cost(completed)
     return costs
 
 
