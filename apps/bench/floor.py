@@ -427,7 +427,7 @@ def bench_floor(
             hot = (after.hot_updated - before.hot_updated) / (after.updated - before.updated)
         return FloorReport(
             made, costs["claim"].rows, costs, None if hot is None else round(hot, 3),
-            execution_batch=execution_batch if execution_batch > 0 else 0,
+            execution_batch=max(execution_batch, 0),
         )  # fmt: skip
     finally:
         bench_tenants_delete(tenant_ids)
