@@ -18,12 +18,15 @@ b. Overlap (SKIP_IF_RUNNING, QUEUE_ONE): take the SCHEDULE advisory lock and loo
    that schedule (complete.py) holds the same lock, so "check and transition" is atomic:
    SKIPPED_OVERLAP, WAITING (parked, with a re-check outbox row) or, for an occurrence that
    already had attempts, a delay through the outbox — never two RUNNING.
-c. Quota: take the TENANT advisory lock and count the tenant's open attempts, and of them
-   the live ones (lease running, worker not gone: presence.py); at `Tenant.max_running`, or
-   at its fair limit of the live worker slots while another tenant has work waiting now
-   (presence.py, a max-min share; a tenant alone may use every slot), the occurrence is
-   re-queued through the outbox (retry lane, short jittered delay, sooner for one deferred
-   before), state unchanged: delayed, never failed, and the worker slot is free at once.
+c. Quota: take the TENANT advisory lock and count the worker slots the tenant's open
+   attempts hold (distinct worker ids: one pool process runs one handler at a time, and
+   an envelope run's attempts share one; docs/decisions.md "A tenant's running work counted
+   in worker slots"), and of them the live ones (lease running, worker not gone:
+   presence.py); at `Tenant.max_running`, or at its fair limit of the live worker slots
+   while another tenant has work waiting now (presence.py, a max-min share; a tenant alone
+   may use every slot), the occurrence is re-queued through the outbox (retry lane, short
+   jittered delay, sooner for one deferred before), state unchanged: delayed, never failed,
+   and the worker slot is free at once.
    Recovery work (catch-up lane, retries) is delayed the same way once it holds the slots
    left after the share reserved for on-time runs (presence.py, step 5).
    A claim that goes straight here (a fresh ALLOW run, not canceled, not late) took the
@@ -422,11 +425,13 @@ def deferral_delay_s(
     return min(DEFERRAL_CAP_S, delay)
 
 
-# The tenant's live attempts (presence.LIVE_ATTEMPT), and of them the on-time ones (a first
-# attempt outside the catch-up lane): asked only by a claim at its share.
+# The worker slots the tenant's live attempts (presence.LIVE_ATTEMPT) hold, and those its
+# on-time ones (a first attempt outside the catch-up lane) hold: asked only by a claim at
+# its share.
 _TENANT_LIVE = f"""
-    SELECT count(*),
-           count(*) FILTER (WHERE a.attempt_no = 1 AND o.lane <> %(catchup_lane)s)
+    SELECT count(DISTINCT a.worker_id),
+           count(DISTINCT a.worker_id)
+               FILTER (WHERE a.attempt_no = 1 AND o.lane <> %(catchup_lane)s)
     FROM occurrences_attempt a
     JOIN occurrences_occurrence o ON o.id = a.occurrence_id AND o.scheduled_for = a.scheduled_for
     WHERE a.tenant_id = %(tenant)s AND {LIVE_ATTEMPT}
@@ -466,9 +471,9 @@ def _quota_verdict(
     share: int | None,
     worker_id: str,
 ) -> ClaimStatus | None:
-    """Step c, under the tenant lock, given the tenant's open attempts: at the tenant's run
-    limit (`max_running`, or its fair share of the live worker slots while another tenant has
-    work waiting), delay; None = run."""
+    """Step c, under the tenant lock, given the worker slots the tenant's open attempts hold:
+    at its run limit (`max_running`, or its fair share of the live worker slots while another
+    tenant has work waiting), delay; None = run."""
     if running >= row.max_running:
         delayed = metrics.quota_delays
     # Asked only at the guaranteed share (a claim under it, the common case, skips both
@@ -546,7 +551,7 @@ def _on_time(row: _ClaimRow) -> bool:
 def _held_to_share(
     cursor: CursorWrapper, tenant_id: uuid.UUID, share: int, *, on_time: bool
 ) -> bool:
-    """Whether the tenant's live attempts reach its guaranteed `share` and its fair limit
+    """Whether the tenant's live slots reach its guaranteed `share` and its fair limit
     while another tenant has work waiting (presence.py, step 4); an on-time claim counts and
     answers to on-time work only (step 6)."""
     capacity = live_capacity()
@@ -566,13 +571,13 @@ def _held_to_share(
 
 
 # Steps c and d in one statement (the snapshot is taken after the tenant lock, which the
-# previous statement took): the tenant's open attempts and, only while they are under
-# `below` (NULL: no bound, the claim was judged already), the attempt with a fresh lease and
-# the occurrence's move to RUNNING. The attempt's foreign key to the occurrence is checked
-# at the end of the statement, after the update.
+# previous statement took): the worker slots the tenant's open attempts hold and, only while
+# they are under `below` (NULL: no bound, the claim was judged already), the attempt with a
+# fresh lease and the occurrence's move to RUNNING. The attempt's foreign key to the
+# occurrence is checked at the end of the statement, after the update.
 _OPEN_ATTEMPT = f"""
     WITH running AS (
-        SELECT count(*) AS n FROM occurrences_attempt
+        SELECT count(DISTINCT worker_id) AS n FROM occurrences_attempt
         WHERE tenant_id = %(tenant)s AND finished_at IS NULL
     ), attempt AS (
         INSERT INTO {ATTEMPT_ROW_TABLE}
@@ -597,9 +602,9 @@ _OPEN_ATTEMPT = f"""
 def _open_attempt(
     cursor: CursorWrapper, row: _ClaimRow, worker_id: str, now: datetime, *, below: int | None
 ) -> tuple[int, tuple[int, uuid.UUID, uuid.UUID] | None]:
-    """Step d, while the tenant's open attempts are under `below` (None: unconditionally):
-    returns (open attempts before it, (attempt_no, id, lease token) or None when not
-    opened)."""
+    """Step d, while the slots the tenant's open attempts hold are under `below` (None:
+    unconditionally): returns (slots held before it, (attempt_no, id, lease token) or None
+    when not opened)."""
     attempt_no = row.attempt_count + 1
     attempt_id, lease_token = uuid.uuid4(), uuid.uuid4()
     statement = on_row_partitions(_OPEN_ATTEMPT, row.scheduled_for, now)

@@ -19,12 +19,14 @@ claim's step c, claim.py; docs/decisions.md "No tenant can starve another").
    claimed, including those deferred by this very share) - a tenant that merely ran recently
    does not contend. Its limit is then its max-min (water-filling) allocation of the capacity
    over the waiting tenants and itself, each other tenant's demand being what it runs plus
-   what it has waiting (`fair_limit`). *Running* counts only live attempts: an open attempt
-   whose lease expired, or whose worker's presence row went stale (killed, frozen), holds no
-   slot. One snapshot query answers for every tenant at once (the open-attempt partial index
-   and the open-occurrence partial index), reading at most CONTENTION_ROWS rows of each
-   (below), read at most every CONTENTION_CACHE_S per process and only by a claim at or
-   above its share.
+   what it has waiting (`fair_limit`). *Running* counts worker slots: one per distinct
+   worker id among the tenant's live attempts (an envelope run's attempts share one;
+   docs/decisions.md "A tenant's running work counted in worker slots"). Only live attempts
+   count: an open attempt whose lease expired, or whose worker's presence row went stale
+   (killed, frozen), holds no slot. One snapshot query answers for every tenant at once
+   (the open-attempt partial index and the open-occurrence partial index), reading at most
+   CONTENTION_ROWS rows of each (below), read at most every CONTENTION_CACHE_S per process
+   and only by a claim at or above its share.
 5. Strict capacity is reserved at the workers too: *recovery work* - a run in the catch-up
    lane (misfire catch-up, a stale fire-once, a backfill) or a retry (attempt 2 on) - may
    hold at most the slots left once TICK_STRICT_RESERVED_SHARE of the live capacity is kept
@@ -73,9 +75,9 @@ CONTENTION_CACHE_S = 1.0
 
 @dataclass(frozen=True)
 class Contention:
-    """Per tenant: live running attempts and occurrences waiting to be claimed (step 4); the
-    on-time part of each (a first attempt outside the catch-up lane) apart, for on-time claims
-    (step 6). Waiting counts stop at the capacity (CONTENTION_WAITING_CAP)."""
+    """Per tenant: worker slots its live attempts hold and occurrences waiting to be claimed
+    (step 4); the on-time part of each (a first attempt outside the catch-up lane) apart, for
+    on-time claims (step 6). Waiting counts stop at the capacity (CONTENTION_WAITING_CAP)."""
 
     running: dict[uuid.UUID, int]
     waiting: dict[uuid.UUID, int]
@@ -145,7 +147,7 @@ def capacity_forget() -> None:
 
 
 def tenant_slot_limit() -> int | None:
-    """The most attempts one tenant may have running (step 3); None = no share limit."""
+    """The most worker slots one tenant may hold (step 3); None = no share limit."""
     capacity = live_capacity()
     if capacity is None:
         return None
@@ -176,14 +178,15 @@ CONTENTION_ROWS = 20_000
 
 _CONTENTION = f"""
     WITH open_attempts AS (
-        SELECT a.tenant_id, a.occurrence_id, a.scheduled_for, a.attempt_no
+        SELECT a.tenant_id, a.occurrence_id, a.scheduled_for, a.attempt_no, a.worker_id
         FROM occurrences_attempt a
         WHERE {LIVE_ATTEMPT}
         LIMIT %(rows)s
     ),
     running AS (
-        SELECT a.tenant_id, count(*) AS n,
-               count(*) FILTER (WHERE a.attempt_no = 1 AND o.lane <> %(catchup_lane)s) AS on_time
+        SELECT a.tenant_id, count(DISTINCT a.worker_id) AS n,
+               count(DISTINCT a.worker_id)
+                   FILTER (WHERE a.attempt_no = 1 AND o.lane <> %(catchup_lane)s) AS on_time
         FROM open_attempts a
         JOIN occurrences_occurrence o
             ON o.id = a.occurrence_id AND o.scheduled_for = a.scheduled_for
@@ -247,7 +250,7 @@ def water_fill(capacity: float, demands: dict[uuid.UUID, float]) -> dict[uuid.UU
 
 
 def fair_limit(tenant_id: uuid.UUID, capacity: int, snapshot: Contention) -> int | None:
-    """The most live attempts `tenant_id` may hold now (step 4); None = no limit: no other
+    """The most live slots `tenant_id` may hold now (step 4); None = no limit: no other
     tenant has work waiting."""
     others = {
         other: snapshot.running.get(other, 0) + waiting

@@ -154,7 +154,7 @@ def test_concurrency_quota_holds_under_a_burst(tenant_a):
     occs = [occurrence(schedule(tenant_a, name=f"s{i}"), now) for i in range(12)]
 
     # when: 12 workers claim at the same moment
-    statuses = run_at_once(len(occs), lambda i: _claim(occs[i], now=now).status)
+    statuses = run_at_once(len(occs), lambda i: _claim(occs[i], now=now, worker=f"h:{i}").status)
 
     # then: exactly 3 run; 9 are delayed through the retry lane, none failed
     assert statuses.count(ClaimStatus.CLAIMED) == 3
@@ -166,6 +166,51 @@ def test_concurrency_quota_holds_under_a_burst(tenant_a):
     assert all(now + timedelta(seconds=4) <= d.available_at <= now + timedelta(seconds=8)
                for d in delayed)  # fmt: skip
     assert not Occurrence.objects.filter(state__in=["DEAD", "SKIPPED_OVERLAP"]).exists()
+
+
+def _quota_delays() -> float:
+    return REGISTRY.get_sample_value("tick_quota_delayed_total") or 0.0
+
+
+@pytest.mark.django_db
+def test_a_slot_held_by_another_worker_counts_against_max_running(tenant_a):
+    # given: a tenant allowed 1 running occurrence, running one on worker h:1
+    tenant_a.max_running = 1
+    tenant_a.save(update_fields=["max_running"])
+    now = timezone.now()
+    held, fresh = (occurrence(schedule(tenant_a, name=f"s{i}"), now) for i in range(2))
+    assert _claim(held, now=now, worker="h:1").status == ClaimStatus.CLAIMED
+    before = _quota_delays()
+
+    # when: another pool process claims the tenant's next occurrence
+    claim = _claim(fresh, now=now, worker="h:2")
+
+    # then: h:1's slot is the tenant's one: delayed by the quota
+    assert claim.status == ClaimStatus.DELAYED
+    assert _quota_delays() - before == 1
+
+
+@pytest.mark.parametrize(("max_running", "expected"), [
+    (2, ClaimStatus.CLAIMED), (1, ClaimStatus.DELAYED),
+])  # fmt: skip
+@pytest.mark.django_db
+def test_max_running_counts_worker_slots_not_open_attempts(tenant_a, max_running, expected):
+    # given: two open attempts of the tenant held by one pool process, h:1 (an envelope
+    # run: docs/decisions.md "A tenant's running work counted in worker slots")
+    now = timezone.now()
+    held = [occurrence(schedule(tenant_a, name=f"s{i}"), now) for i in range(2)]
+    assert [_claim(o, now=now, worker="h:1").status for o in held] == [ClaimStatus.CLAIMED] * 2
+    assert Attempt.objects.filter(tenant=tenant_a, finished_at__isnull=True).count() == 2
+    tenant_a.max_running = max_running
+    tenant_a.save(update_fields=["max_running"])
+    before = _quota_delays()
+
+    # when: another pool process claims the tenant's next occurrence
+    claim = _claim(occurrence(schedule(tenant_a, name="next"), now), now=now, worker="h:2")
+
+    # then: one slot is held; a second is free under max_running 2, none under 1
+    assert claim.status == expected
+    assert _quota_delays() - before == (1 if expected == ClaimStatus.DELAYED else 0)
 
 
 # --- retries by error class, bounds, replay ----------------------------------------------

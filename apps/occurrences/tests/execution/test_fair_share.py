@@ -5,6 +5,7 @@ and a Celery worker."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import signal
@@ -16,6 +17,8 @@ from pathlib import Path
 
 import pytest
 from django.db import connection
+from django.db.models import Value
+from django.db.models.functions import Replace
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from prometheus_client import REGISTRY
@@ -63,10 +66,17 @@ def _worker(hostname: str, slots: int, *, seen_s_ago: float = 0) -> None:
     )
 
 
-def _claim(occ: Occurrence, now: datetime):
+# Each claim comes from a pool process of its own ("<hostname>:<pid>", tasks.py): a tenant's
+# running work is counted in worker slots, one per worker id (docs/decisions.md, "A tenant's
+# running work counted in worker slots").
+_pids = itertools.count(1)
+
+
+def _claim(occ: Occurrence, now: datetime, *, worker_id: str | None = None):
     return occurrence_claim(
-        occurrence_id=occ.id, scheduled_for=occ.scheduled_for, worker_id="w", now=now
-    )
+        occurrence_id=occ.id, scheduled_for=occ.scheduled_for,
+        worker_id=worker_id or f"w:{next(_pids)}", now=now,
+    )  # fmt: skip
 
 
 def _fair_share_delays() -> float:
@@ -331,13 +341,14 @@ def test_attempts_of_a_gone_worker_or_past_their_lease_do_not_hold_slots(tenant_
     _worker("frozen@host", 4, seen_s_ago=120)
     now = timezone.now()
     stale = [occurrence(schedule(tenant_a, name=f"old{i}"), now) for i in range(2)]
-    for occ in stale:
+    for pid, occ in enumerate(stale, start=4242):
         claim = occurrence_claim(occurrence_id=occ.id, scheduled_for=occ.scheduled_for,
-                                 worker_id="frozen@host:4242", now=now)  # fmt: skip
+                                 worker_id=f"frozen@host:{pid}", now=now)  # fmt: skip
         assert claim.status == ClaimStatus.CLAIMED
     if gone == "lease_expired":
         Attempt.objects.filter(tenant=tenant_a).update(
-            worker_id="w@host:1", lease_expires_at=now - timedelta(seconds=1)
+            worker_id=Replace("worker_id", Value("frozen@host:"), Value("w@host:")),
+            lease_expires_at=now - timedelta(seconds=1),
         )
     _waiting(tenant_b, 2)
 
@@ -346,6 +357,45 @@ def test_attempts_of_a_gone_worker_or_past_their_lease_do_not_hold_slots(tenant_
 
     # then: the gone attempts hold no slot: a runs its share of 2 live ones
     assert statuses == [ClaimStatus.CLAIMED] * 2 + [ClaimStatus.DELAYED]
+
+
+@pytest.mark.django_db
+def test_a_tenants_live_attempts_on_one_worker_hold_one_slot_of_its_share(tenant_a, tenant_b):
+    # given: 4 live slots (share 2); tenant a runs two occurrences in one pool process (an
+    # envelope run: docs/decisions.md "A tenant's running work counted in worker slots") and
+    # one on a frozen worker, so its open attempts reach its share; b has 2 waiting
+    _worker("w@host", 4)
+    _worker("frozen@host", 4, seen_s_ago=120)
+    now = timezone.now()
+    for worker_id, name in (("w@host:1", "r0"), ("w@host:1", "r1"), ("frozen@host:7", "r2")):
+        occ = occurrence(schedule(tenant_a, name=name), now)
+        assert _claim(occ, now, worker_id=worker_id).status == ClaimStatus.CLAIMED
+    _waiting(tenant_b, 2)
+
+    # when: another pool process claims tenant a's next occurrence
+    claim = _claim(occurrence(schedule(tenant_a, name="next"), now), now, worker_id="w@host:2")
+
+    # then: a holds one live slot of its 2: the claim runs
+    assert claim.status == ClaimStatus.CLAIMED
+
+
+@pytest.mark.django_db
+def test_another_tenants_run_on_one_worker_is_one_slot_of_its_demand(tenant_a, tenant_b):
+    # given: 6 live slots (share 3); tenant b runs two occurrences in one pool process and
+    # has 1 waiting (a demand of 2 slots, not 3); tenant a runs 3 on 3 pool processes
+    _worker("w@host", 6)
+    now = timezone.now()
+    for name in ("r0", "r1"):
+        occ = occurrence(schedule(tenant_b, name=name), now)
+        assert _claim(occ, now, worker_id="w@host:1").status == ClaimStatus.CLAIMED
+    assert _claims_of(tenant_a, 3, now) == [ClaimStatus.CLAIMED] * 3
+    _waiting(tenant_b, 1)
+
+    # when: tenant a's next occurrence is claimed
+    claim = _claim(occurrence(schedule(tenant_a, name="next"), now), now)
+
+    # then: a's max-min limit is 6 - 2 = 4 slots: the claim runs
+    assert claim.status == ClaimStatus.CLAIMED
 
 
 def test_max_min_allocation_meets_small_demands_and_splits_the_rest():
