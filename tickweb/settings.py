@@ -457,6 +457,12 @@ TICK_WORKER_CONN_MAX_AGE = env_int("TICK_WORKER_CONN_MAX_AGE", 600)
 # many are queued.
 TICK_COMPLETION_GROUP_MS = env_int("TICK_COMPLETION_GROUP_MS", 0)
 TICK_COMPLETION_GROUP_MAX = env_int("TICK_COMPLETION_GROUP_MAX", 200)
+# Envelope runs (apps/occurrences/execution/envelope_run.py): a slot that receives an
+# envelope claims, runs and completes together as many of its items as this pool process
+# has seen their handlers finish within this many ms (95th percentile, after
+# TICK_ENVELOPE_RUN_SAMPLES runs); 0 turns runs off (every envelope fans out).
+TICK_ENVELOPE_RUN_BUDGET_MS = env_int("TICK_ENVELOPE_RUN_BUDGET_MS", 200)
+TICK_ENVELOPE_RUN_SAMPLES = env_int("TICK_ENVELOPE_RUN_SAMPLES", 20)
 # Handler deadlines (apps/occurrences/execution/deadlines.py): at its run-time limit a handler
 # is told to stop; one still running this much later is reclaimed (attempt TIMED_OUT, the
 # prefork pool process replaced).

@@ -5,6 +5,8 @@ claim.py      step 1: lock, re-check, overlap policy, tenant quota, open the att
 heartbeat.py  step 2: renew the lease while the handler runs; notice cancel or a lost lease
 complete.py   step 3: record the result under the lease; retry, DEAD, wake a WAITING one
 complete_batch.py  step 3, successes of ALLOW schedules: group commit per pool process (default off)
+envelope_run.py  steps 1-3 for a run of an envelope's items in one slot: one claim, one completion
+run_times.py  each handler's recent run times in this process (what sizes a run)
 statements.py steps 1 and 3's per-occurrence statements, prepared on a direct connection,
               naming the row's day partition
 reaper.py     step 4: take back attempts whose lease expired

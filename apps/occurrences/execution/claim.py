@@ -131,15 +131,20 @@ class Claim:
 # straight to step c: a fresh or enqueued occurrence of an ALLOW schedule, not canceled and
 # not late (steps a', b and the currency check then have nothing to do under another lock).
 # One round trip fewer per claim; any other claim takes it at step c as before.
+# What a claim reads of the occurrence `o`, its schedule `s` and tenant `t`: `ClaimRow`'s
+# fields after the key, in order (envelope_run.py reads the same).
+CLAIM_ROW_COLUMNS = """
+    o.state, o.schedule_version, o.attempt_count, o.tenant_id,
+    o.attempt_base, o.deadline_at, o.cancel_requested_at IS NOT NULL AS cancel,
+    s.id, s.state AS schedule_state, s.handler, s.payload::text, s.shard,
+    s.overlap_policy, t.max_running, t.retry_budget_per_hour, o.enqueued_at,
+    s.timeout_s, t.max_timeout_s, o.origin, o.available_at, s.max_lateness_s,
+    coalesce(o.last_enqueued_at > o.enqueued_at, false), o.lane,
+    s.pause_after_dead, s.dead_streak
+"""
 _LOCK_ROW = f"""
     WITH r AS MATERIALIZED (
-        SELECT o.state, o.schedule_version, o.attempt_count, o.tenant_id,
-               o.attempt_base, o.deadline_at, o.cancel_requested_at IS NOT NULL AS cancel,
-               s.id, s.state AS schedule_state, s.handler, s.payload::text, s.shard,
-               s.overlap_policy, t.max_running, t.retry_budget_per_hour, o.enqueued_at,
-               s.timeout_s, t.max_timeout_s, o.origin, o.available_at, s.max_lateness_s,
-               coalesce(o.last_enqueued_at > o.enqueued_at, false), o.lane,
-               s.pause_after_dead, s.dead_streak
+        SELECT {CLAIM_ROW_COLUMNS}
         FROM {OCCURRENCE_ROW_TABLE} o
         JOIN schedules_schedule s ON s.id = o.schedule_id
         JOIN tenants_tenant t ON t.id = o.tenant_id
@@ -157,7 +162,7 @@ _LOCK_ROW = f"""
 
 
 @dataclass(frozen=True)
-class _ClaimRow:
+class ClaimRow:
     """The occurrence as step a locked it, with its schedule and tenant (after the key,
     fields in the order of `_LOCK_ROW`'s columns)."""
 
@@ -216,13 +221,17 @@ def occurrence_claim(
         opened = _quota_and_open(cursor, row, worker_id, now)
         if isinstance(opened, ClaimStatus):
             return Claim(opened)
-        attempt_no, attempt_id, lease_token = opened
+    return claimed(row, *opened)
+
+
+def claimed(row: ClaimRow, attempt_no: int, attempt_id: uuid.UUID, lease_token: uuid.UUID) -> Claim:
+    """The claim of `row`'s occurrence once its attempt is open (step d committed)."""
     context = HandlerContext(
-        occurrence_id=occurrence_id,
+        occurrence_id=row.occurrence_id,
         schedule_id=row.schedule_id,
         schedule_version=row.occurrence_version,
         tenant_id=row.tenant_id,
-        scheduled_for=scheduled_for,
+        scheduled_for=row.scheduled_for,
         attempt_no=attempt_no,
         payload=json.loads(row.payload),
         timeout_s=_timeout_of(row),
@@ -246,7 +255,7 @@ def occurrence_claim(
 
 def _lock_row(
     cursor: CursorWrapper, occurrence_id: uuid.UUID, scheduled_for: datetime, now: datetime
-) -> _ClaimRow | None:
+) -> ClaimRow | None:
     """Step a's lock (and the tenant lock when it can be taken now, `_LOCK_ROW`)."""
     statement = on_row_partitions(_LOCK_ROW, scheduled_for, now)
     found = execute_prepared(cursor, statement, {
@@ -255,16 +264,16 @@ def _lock_row(
         "allow": Schedule.OverlapPolicy.ALLOW, "canceled": Schedule.State.CANCELED,
         "origin_scheduled": Occurrence.Origin.SCHEDULED,
     }).fetchone()  # fmt: skip
-    return None if found is None else _ClaimRow(occurrence_id, scheduled_for, *found)
+    return None if found is None else ClaimRow(occurrence_id, scheduled_for, *found)
 
 
-def _run_origin(row: _ClaimRow) -> RunOrigin:
+def _run_origin(row: ClaimRow) -> RunOrigin:
     """The occurrence's origin, or `replay` once a DLQ replay gave it a fresh attempt budget
     (replay.py sets `attempt_base`)."""
     return RunOrigin.REPLAY if row.attempt_base > 0 else RunOrigin(row.origin)
 
 
-def _currency_verdict(cursor: CursorWrapper, row: _ClaimRow, now: datetime) -> ClaimStatus | None:
+def _currency_verdict(cursor: CursorWrapper, row: ClaimRow, now: datetime) -> ClaimStatus | None:
     """Step a: a finished, running or recalled occurrence is a duplicate delivery; a canceled
     one ends here. None = still current."""
     if row.state not in CLAIMABLE or _timed_out_retry_pending(cursor, row, now):
@@ -276,7 +285,7 @@ def _currency_verdict(cursor: CursorWrapper, row: _ClaimRow, now: datetime) -> C
     return None
 
 
-def _misfire_verdict(cursor: CursorWrapper, row: _ClaimRow, now: datetime) -> ClaimStatus | None:
+def _misfire_verdict(cursor: CursorWrapper, row: ClaimRow, now: datetime) -> ClaimStatus | None:
     """Step a': a first attempt found later than the schedule's max lateness (an outage, a
     backlog, a message that waited in the queue) is judged by the misfire policy exactly as
     the materializer and the relay judge it (misfire.py): MISSED, or run in the catch-up
@@ -293,7 +302,7 @@ def _misfire_verdict(cursor: CursorWrapper, row: _ClaimRow, now: datetime) -> Cl
     return ClaimStatus.MISSED if row.occurrence_id in verdicts.missed else None
 
 
-def _timed_out_retry_pending(cursor: CursorWrapper, row: _ClaimRow, now: datetime) -> bool:
+def _timed_out_retry_pending(cursor: CursorWrapper, row: ClaimRow, now: datetime) -> bool:
     """A RETRY_WAIT occurrence whose last attempt TIMED_OUT and whose retry is not due yet:
     this delivery is that attempt's own message, handed back by the broker when its pool
     process was replaced (deadlines.py); running it would start the retry before its backoff
@@ -320,7 +329,7 @@ def _timed_out_retry_pending(cursor: CursorWrapper, row: _ClaimRow, now: datetim
     return earliest is not None and earliest > now + RELAY_CLOCK_SLACK
 
 
-def _timeout_of(row: _ClaimRow) -> int:
+def _timeout_of(row: ClaimRow) -> int:
     """The attempt's run-time limit: the schedule's, else its handler's default, capped by
     the tenant's maximum (deadlines.py)."""
     spec = handler_spec(row.handler)
@@ -331,7 +340,7 @@ def _timeout_of(row: _ClaimRow) -> int:
     )
 
 
-def _finish(cursor: CursorWrapper, row: _ClaimRow, state: Occurrence.State, now: datetime) -> None:
+def _finish(cursor: CursorWrapper, row: ClaimRow, state: Occurrence.State, now: datetime) -> None:
     cursor.execute(
         "UPDATE occurrences_occurrence SET state = %s, finished_at = %s "
         "WHERE id = %s AND scheduled_for = %s",
@@ -339,7 +348,7 @@ def _finish(cursor: CursorWrapper, row: _ClaimRow, state: Occurrence.State, now:
     )
 
 
-def _overlap_verdict(cursor: CursorWrapper, row: _ClaimRow, now: datetime) -> ClaimStatus | None:
+def _overlap_verdict(cursor: CursorWrapper, row: ClaimRow, now: datetime) -> ClaimStatus | None:
     """Step b, under the schedule lock; None = go on and run."""
     policy = row.overlap_policy
     if policy == Schedule.OverlapPolicy.ALLOW:
@@ -374,7 +383,7 @@ def _overlap_verdict(cursor: CursorWrapper, row: _ClaimRow, now: datetime) -> Cl
     return _recheck_later(cursor, row, now, ClaimStatus.DELAYED)
 
 
-def _running_and_waiting(cursor: CursorWrapper, row: _ClaimRow, now: datetime) -> tuple[int, int]:
+def _running_and_waiting(cursor: CursorWrapper, row: ClaimRow, now: datetime) -> tuple[int, int]:
     """How many other occurrences of the schedule are RUNNING, and how many WAITING."""
     cursor.execute(
         """
@@ -399,7 +408,7 @@ def _running_and_waiting(cursor: CursorWrapper, row: _ClaimRow, now: datetime) -
 
 
 def _recheck_later(
-    cursor: CursorWrapper, row: _ClaimRow, now: datetime, status: ClaimStatus
+    cursor: CursorWrapper, row: ClaimRow, now: datetime, status: ClaimStatus
 ) -> ClaimStatus:
     """Come back through the outbox after the re-check interval; the state stays as set."""
     recheck_at = now + timedelta(seconds=settings.TICK_OVERLAP_RECHECK_S)
@@ -439,7 +448,7 @@ _TENANT_LIVE = f"""
 
 
 def _quota_and_open(
-    cursor: CursorWrapper, row: _ClaimRow, worker_id: str, now: datetime
+    cursor: CursorWrapper, row: ClaimRow, worker_id: str, now: datetime
 ) -> ClaimStatus | tuple[int, uuid.UUID, uuid.UUID]:
     """Steps c and d under the tenant lock: the common claim - on time and under both the
     tenant's `max_running` and its guaranteed share - counts, inserts its attempt and moves
@@ -464,7 +473,7 @@ def _quota_and_open(
 
 def _quota_verdict(
     cursor: CursorWrapper,
-    row: _ClaimRow,
+    row: ClaimRow,
     now: datetime,
     *,
     running: int,
@@ -543,7 +552,7 @@ def _recovery_full(cursor: CursorWrapper, worker_id: str) -> bool:
     return worker_slots is not None and int(on_this_worker) >= recovery_slot_limit(worker_slots)
 
 
-def _on_time(row: _ClaimRow) -> bool:
+def _on_time(row: ClaimRow) -> bool:
     """An on-time claim: a first attempt outside the catch-up lane (presence.py, step 6)."""
     return row.lane != Lane.CATCHUP and not row.attempt_count
 
@@ -600,7 +609,7 @@ _OPEN_ATTEMPT = f"""
 
 
 def _open_attempt(
-    cursor: CursorWrapper, row: _ClaimRow, worker_id: str, now: datetime, *, below: int | None
+    cursor: CursorWrapper, row: ClaimRow, worker_id: str, now: datetime, *, below: int | None
 ) -> tuple[int, tuple[int, uuid.UUID, uuid.UUID] | None]:
     """Step d, while the slots the tenant's open attempts hold are under `below` (None:
     unconditionally): returns (slots held before it, (attempt_no, id, lease token) or None
@@ -618,11 +627,11 @@ def _open_attempt(
     running, lane, available_at = opened.fetchone()
     if lane is None:
         return int(running), None
-    _observe_start(row, now, lane=lane, available_at=available_at)
+    observe_start(row, now, lane=lane, available_at=available_at)
     return int(running), (attempt_no, attempt_id, lease_token)
 
 
-def _observe_start(row: _ClaimRow, now: datetime, *, lane: str, available_at: datetime) -> None:
+def observe_start(row: ClaimRow, now: datetime, *, lane: str, available_at: datetime) -> None:
     if row.state == Occurrence.State.ENQUEUED and row.enqueued_at is not None:
         wait = (now - row.enqueued_at).total_seconds()
         metrics.occurrence_state_seconds.labels(state=Occurrence.State.ENQUEUED).observe(

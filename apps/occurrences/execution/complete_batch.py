@@ -37,15 +37,22 @@ import logging
 import threading
 import uuid
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from celery import signals
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.backends.utils import CursorWrapper
+from django.utils import timezone
 
 from apps.occurrences.execution.claim import Claim
+from apps.occurrences.execution.statements import (
+    ATTEMPT_ROW_TABLE,
+    OCCURRENCE_ROW_TABLE,
+    execute_prepared,
+    on_partitioned_tables,
+    on_row_partitions,
+)
 from apps.occurrences.models import Attempt, Occurrence
 from apps.occurrences.observability import metrics
 from apps.occurrences.pipeline.outages import drop_database_connection, outage_of
@@ -75,9 +82,14 @@ class Completion:
 
 def groupable(claim: Claim, error: BaseException | None) -> bool:
     """Whether this completion may wait for the group commit (module docstring)."""
+    return settings.TICK_COMPLETION_GROUP_MS > 0 and batchable(claim, error)
+
+
+def batchable(claim: Claim, error: BaseException | None) -> bool:
+    """Whether this completion may be written with others (`completions_record`): a success
+    of an ALLOW schedule, which nothing reads back in the same transaction."""
     return (
         error is None
-        and settings.TICK_COMPLETION_GROUP_MS > 0
         and claim.overlap_policy == Schedule.OverlapPolicy.ALLOW
         # A success that ends a DEAD streak resets it (complete.py), one by one.
         and claim.dead_streak == 0
@@ -97,8 +109,8 @@ def _arrays(batch: list[Completion]) -> dict[str, Any]:
     }
 
 
-_LOCK_HELD = """
-    SELECT a.id FROM occurrences_attempt a
+_LOCK_HELD = f"""
+    SELECT a.id FROM {ATTEMPT_ROW_TABLE} a
       JOIN unnest(%(ids)s::uuid[], %(at)s::timestamptz[], %(tokens)s::uuid[])
            AS c(id, scheduled_for, lease_token)
         ON a.id = c.id AND a.scheduled_for = c.scheduled_for AND a.lease_token = c.lease_token
@@ -109,50 +121,76 @@ _LOCK_HELD = """
 
 # Steps b and c in one statement, after a locked the attempts: the occurrences still
 # RUNNING with the same attempt_count move to SUCCEEDED, and exactly their attempts close.
-_SUCCEED_AND_CLOSE = """
+# The occurrence rows are taken SKIP LOCKED: the relay's record statement locks a batch of
+# rows in its own order, RUNNING ones too, so waiting for several here could deadlock with
+# it (docs/decisions.md "Envelope runs"); a member passed by is not recorded and the caller
+# completes it on its own.
+_SUCCEED_AND_CLOSE = f"""
     WITH c AS (
         SELECT * FROM unnest(%(occurrences)s::uuid[], %(at)s::timestamptz[], %(nos)s::int[],
                              %(finished)s::timestamptz[], %(ids)s::uuid[], %(tokens)s::uuid[])
             AS c(occurrence_id, scheduled_for, attempt_no, finished_at, attempt_id, lease_token)
+    ), free AS (
+        SELECT o.id, o.scheduled_for FROM {OCCURRENCE_ROW_TABLE} o
+          JOIN c ON o.id = c.occurrence_id AND o.scheduled_for = c.scheduled_for
+         WHERE o.state = %(running)s AND o.attempt_count = c.attempt_no
+           FOR UPDATE OF o SKIP LOCKED
     ), succeeded AS (
-        UPDATE occurrences_occurrence o SET state = %(succeeded)s, finished_at = c.finished_at
-          FROM c
+        UPDATE {OCCURRENCE_ROW_TABLE} o SET state = %(succeeded)s, finished_at = c.finished_at
+          FROM c JOIN free f ON f.id = c.occurrence_id AND f.scheduled_for = c.scheduled_for
          WHERE o.id = c.occurrence_id AND o.scheduled_for = c.scheduled_for
-           AND o.state = %(running)s AND o.attempt_count = c.attempt_no
      RETURNING c.attempt_id
     ), closed AS (
-        UPDATE occurrences_attempt a
+        UPDATE {ATTEMPT_ROW_TABLE} a
            SET finished_at = c.finished_at, outcome = %(outcome)s, error_class = '',
                error_message = ''
           FROM c JOIN succeeded s ON s.attempt_id = c.attempt_id
          WHERE a.id = c.attempt_id AND a.scheduled_for = c.scheduled_for
            AND a.lease_token = c.lease_token AND a.finished_at IS NULL
     )
-    SELECT attempt_id FROM succeeded
+    SELECT attempt_id, true FROM succeeded
+    UNION ALL
+    SELECT c.attempt_id, false FROM c
+     WHERE NOT EXISTS (SELECT 1 FROM free f
+                        WHERE f.id = c.occurrence_id AND f.scheduled_for = c.scheduled_for)
+       AND EXISTS (SELECT 1 FROM {OCCURRENCE_ROW_TABLE} o
+                    WHERE o.id = c.occurrence_id AND o.scheduled_for = c.scheduled_for
+                      AND o.state = %(running)s AND o.attempt_count = c.attempt_no)
 """
 
 
-def completions_record(batch: list[Completion]) -> set[uuid.UUID]:
-    """Write a batch of successful completions in one transaction (module docstring, a-c);
-    returns the attempt ids recorded (the others were stale and are left alone)."""
+@dataclass(frozen=True)
+class Recorded:
+    """What a group commit wrote: `succeeded` attempts, and `passed_by` ones still current
+    whose occurrence row another transaction held (`_SUCCEED_AND_CLOSE`); the rest of the
+    batch was stale."""
+
+    succeeded: set[uuid.UUID]
+    passed_by: set[uuid.UUID]
+
+
+def completions_record(batch: list[Completion]) -> Recorded:
+    """Write a batch of successful completions in one transaction (module docstring, a-c).
+    A batch of one day names that day's partitions (statements.py)."""
     if not batch:
-        return set()
+        return Recorded(set(), set())
+    now = timezone.now()
+    days = {c.scheduled_for.astimezone(UTC).date() for c in batch}
+    name = (
+        (lambda sql: on_row_partitions(sql, batch[0].scheduled_for, now))
+        if len(days) == 1
+        else on_partitioned_tables
+    )
     with transaction.atomic(), connection.cursor() as cursor:
-        held = _lock_held(cursor, batch)
+        held = {r[0] for r in execute_prepared(cursor, name(_LOCK_HELD), _arrays(batch))}
         members = [c for c in batch if c.attempt_id in held]
         if not members:
-            return set()
-        cursor.execute(_SUCCEED_AND_CLOSE, {
+            return Recorded(set(), set())
+        found = execute_prepared(cursor, name(_SUCCEED_AND_CLOSE), {
             **_arrays(members), "succeeded": Occurrence.State.SUCCEEDED,
             "running": Occurrence.State.RUNNING, "outcome": Attempt.Outcome.SUCCEEDED,
-        })  # fmt: skip
-        recorded = {row[0] for row in cursor.fetchall()}
-    return recorded
-
-
-def _lock_held(cursor: CursorWrapper, batch: list[Completion]) -> set[uuid.UUID]:
-    cursor.execute(_LOCK_HELD, _arrays(batch))
-    return {row[0] for row in cursor.fetchall()}
+        }).fetchall()  # fmt: skip
+    return Recorded({a for a, done in found if done}, {a for a, done in found if not done})
 
 
 class CompletionGroup:
@@ -203,12 +241,20 @@ class CompletionGroup:
             with self._lock:
                 self._pending = batch + self._pending
             return 0
-        stale = len(batch) - len(recorded)
+        if recorded.passed_by:
+            # Their rows were busy (the relay recording them): written at the next flush.
+            with self._lock:
+                self._pending = [
+                    c for c in batch if c.attempt_id in recorded.passed_by
+                ] + self._pending
+        stale = len(batch) - len(recorded.succeeded) - len(recorded.passed_by)
         if stale:
             metrics.stale_completions.inc(stale)
-        if recorded:
-            metrics.attempts_finished.labels(outcome=Attempt.Outcome.SUCCEEDED).inc(len(recorded))
-        return len(batch)
+        if recorded.succeeded:
+            metrics.attempts_finished.labels(outcome=Attempt.Outcome.SUCCEEDED).inc(
+                len(recorded.succeeded)
+            )
+        return len(batch) - len(recorded.passed_by)
 
 
 group = CompletionGroup()

@@ -22,6 +22,7 @@ Database outages (docs/decisions.md, "Worker acknowledgements"):
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from datetime import datetime
 from typing import Any
@@ -41,6 +42,7 @@ from apps.occurrences.execution.deadlines import (
 from apps.occurrences.execution.handlers import PermanentError
 from apps.occurrences.execution.heartbeat import LeaseHeartbeat
 from apps.occurrences.execution.registry import handler_spec
+from apps.occurrences.execution.run_times import handler_times
 from apps.occurrences.models import Occurrence
 from apps.occurrences.observability import logs
 from apps.occurrences.pipeline.outages import call_through_outages, outage_of
@@ -64,11 +66,11 @@ def occurrence_execute(
         log.info("occurrence %s not run: %s", occurrence_id, claim.status.value,
                  extra=logs.ids(occurrence_id=occurrence_id))  # fmt: skip
         return {"status": claim.status.value}
-    error = _run_handler(claim)
-    return _complete(claim, error)
+    error = handler_run(claim)
+    return completion_record(claim, error)
 
 
-def _run_handler(claim: Claim) -> BaseException | None:
+def handler_run(claim: Claim) -> BaseException | None:
     """Step 2: run the schedule's handler under the lease heartbeat; returns its error."""
     ctx = claim.context
     assert ctx is not None
@@ -78,11 +80,13 @@ def _run_handler(claim: Claim) -> BaseException | None:
     heartbeat = LeaseHeartbeat(claim, on_hard_limit=lambda: _reclaim(claim))
     heartbeat.start()
     error: BaseException | None = None
+    started = time.monotonic()
     try:
         spec.run(ctx)
     except Exception as exc:  # noqa: BLE001 - every handler failure is classified at completion
         error = exc
     finally:
+        handler_times.record(claim.handler, time.monotonic() - started)
         heartbeat.stopped.set()
         heartbeat.join()
     if error is not None and heartbeat.deadline_passed.is_set():
@@ -127,7 +131,7 @@ def _ids(claim: Claim) -> dict[str, str]:
                     occurrence_id=ctx.occurrence_id)  # fmt: skip
 
 
-def _complete(claim: Claim, error: BaseException | None) -> dict[str, Any]:
+def completion_record(claim: Claim, error: BaseException | None) -> dict[str, Any]:
     """Step 3, retried through a database outage; an unrecordable result is left to the
     reaper (module docstring). In a pool process a success of an ALLOW schedule is queued for
     the process's group commit instead when it is on (complete_batch.py)."""

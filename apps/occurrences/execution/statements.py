@@ -90,11 +90,18 @@ def on_row_partitions(sql: str, scheduled_for: datetime, now: datetime) -> str:
     day = scheduled_for.astimezone(UTC).date()
     oldest_kept = now.astimezone(UTC).date() - timedelta(days=settings.TICK_RETENTION_DAYS - 1)
     if day < oldest_kept or partitions_absent([day]):
-        occurrence, attempt = "occurrences_occurrence", "occurrences_attempt"
-    else:
-        occurrence = partition_name("occurrences_occurrence", day)
-        attempt = partition_name("occurrences_attempt", day)
+        return on_partitioned_tables(sql)
+    occurrence = partition_name("occurrences_occurrence", day)
+    attempt = partition_name("occurrences_attempt", day)
     return sql.replace(OCCURRENCE_ROW_TABLE, occurrence).replace(ATTEMPT_ROW_TABLE, attempt)
+
+
+def on_partitioned_tables(sql: str) -> str:
+    """`sql` with `OCCURRENCE_ROW_TABLE` and `ATTEMPT_ROW_TABLE` naming the partitioned
+    tables: for rows of several days."""
+    return sql.replace(OCCURRENCE_ROW_TABLE, "occurrences_occurrence").replace(
+        ATTEMPT_ROW_TABLE, "occurrences_attempt"
+    )
 
 
 def execute_prepared(cursor: CursorWrapper, sql: str, params: Mapping[str, Any]) -> Any:

@@ -23,6 +23,11 @@ from typing import Any
 from celery import shared_task
 from celery.exceptions import Reject
 
+from apps.occurrences.execution.envelope_run import (
+    EnvelopeRun,
+    envelope_run_claim,
+    envelope_run_execute,
+)
 from apps.occurrences.execution.fanout import (
     FanOutFailed,
     envelope_fan_out,
@@ -90,11 +95,43 @@ def run_occurrences(
     and lane once; envelopes of earlier relays said them in every item."""
     if not occurrences:
         return []
-    first, rest = occurrences[0], occurrences[1:]
-    if rest:
-        origin = {**first, **({"tenant_id": tenant_id, "lane": lane} if tenant_id and lane else {})}
-        _fan_out_or_requeue(self, rest, queue=envelope_queue(self.request.delivery_info, origin))
+    first = occurrences[0]
+    origin = {**first, **({"tenant_id": tenant_id, "lane": lane} if tenant_id and lane else {})}
+    queue = envelope_queue(self.request.delivery_info, origin)
+    run = _run_claim(occurrences, _worker_id(self))
+    if run.claims:
+        return _run_and_fan_out(self, run, queue=queue)
+    if occurrences[1:]:
+        _fan_out_or_requeue(self, occurrences[1:], queue=queue)
     return [_execute_item(first, _worker_id(self))]
+
+
+def _run_claim(occurrences: list[dict[str, Any]], worker_id: str) -> EnvelopeRun:
+    """The envelope's run (envelope_run.py); an outage forms none: the items fan out and
+    each claim rides it out on its own."""
+    try:
+        return envelope_run_claim(occurrences, worker_id=worker_id)
+    except Exception as exc:
+        if outage_of(exc) is None:
+            raise
+        log.warning("envelope run not claimed (%r); its items fan out", exc)
+        return EnvelopeRun(rest=list(occurrences))
+
+
+def _run_and_fan_out(task: Any, run: EnvelopeRun, *, queue: str) -> list[str]:
+    """Fan out the items not in the run, then run it. Its attempts are committed: the run
+    goes on even when the fan-out failed, and the envelope is handed back after it (its
+    finished items are then dropped at claim)."""
+    handed_back: Reject | None = None
+    if run.rest:
+        try:
+            _fan_out_or_requeue(task, run.rest, queue=queue)
+        except Reject as exc:
+            handed_back = exc
+    statuses = envelope_run_execute(run)
+    if handed_back is not None:
+        raise handed_back
+    return statuses
 
 
 def _fan_out_or_requeue(task: Any, items: list[dict[str, Any]], *, queue: str) -> None:

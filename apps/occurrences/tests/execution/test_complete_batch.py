@@ -69,7 +69,7 @@ def test_a_batch_records_its_members_in_one_go(tenant_a):
 
     recorded = completions_record([_done(c) for c in claims])
 
-    assert recorded == {c.attempt_id for c in claims}
+    assert recorded.succeeded == {c.attempt_id for c in claims}
     assert [_state(o) for o in occs] == [Occurrence.State.SUCCEEDED] * 3
     assert set(Attempt.objects.values_list("outcome", flat=True)) == {Attempt.Outcome.SUCCEEDED}
     assert Attempt.objects.filter(finished_at__isnull=True).count() == 0
@@ -95,7 +95,7 @@ def test_a_fenced_out_member_is_left_alone_and_the_others_commit(tenant_a):
 
     # then: only the two attempts that still hold their lease were written; the newer
     # attempt of the middle occurrence keeps running, the reaped one stays LEASE_EXPIRED
-    assert recorded == {claims[0].attempt_id, claims[2].attempt_id}
+    assert recorded.succeeded == {claims[0].attempt_id, claims[2].attempt_id}
     assert (_state(first), _state(middle), _state(last)) == (
         Occurrence.State.SUCCEEDED, Occurrence.State.RUNNING, Occurrence.State.SUCCEEDED,
     )  # fmt: skip
