@@ -13,8 +13,9 @@ statement, and a held success counts against its tenant's share until it is writ
 a. lock the batch's attempts that still hold their lease (same token, unfinished), in id
    order — a member the reaper or a newer attempt took over is left alone (stale, counted);
 b. set the occurrences of those attempts SUCCEEDED where they are still RUNNING with the
-   same attempt_count (a miss is stale as in complete.py, c);
-c. close exactly those attempts (b and c are one statement).
+   same attempt_count (a miss is stale as in complete.py, c; a row another transaction
+   holds is passed by and written at the next flush);
+c. close exactly those attempts (a-c are one statement, `_SUCCEED_AND_CLOSE`).
 Locks: attempts before occurrences, as in complete.py. A failure (an outage, a deadlock)
 rolls the whole batch back; its members stay queued for the next flush.
 
@@ -109,31 +110,31 @@ def _arrays(batch: list[Completion]) -> dict[str, Any]:
     }
 
 
-_LOCK_HELD = f"""
-    SELECT a.id FROM {ATTEMPT_ROW_TABLE} a
-      JOIN unnest(%(ids)s::uuid[], %(at)s::timestamptz[], %(tokens)s::uuid[])
-           AS c(id, scheduled_for, lease_token)
-        ON a.id = c.id AND a.scheduled_for = c.scheduled_for AND a.lease_token = c.lease_token
-     WHERE a.finished_at IS NULL
-  ORDER BY a.id
-       FOR UPDATE OF a
-"""
-
-# Steps b and c in one statement, after a locked the attempts: the occurrences still
-# RUNNING with the same attempt_count move to SUCCEEDED, and exactly their attempts close.
-# The occurrence rows are taken SKIP LOCKED: the relay's record statement locks a batch of
-# rows in its own order, RUNNING ones too, so waiting for several here could deadlock with
-# it (docs/decisions.md "Envelope runs"); a member passed by is not recorded and the caller
-# completes it on its own.
+# Steps a-c in one statement: the batch's attempts that still hold their lease are locked
+# first, in id order (attempts before occurrences, as complete.py: `held` is read whole before
+# `free` starts); the occurrences still RUNNING with the same attempt_count move to SUCCEEDED,
+# and exactly their attempts close. The occurrence rows are taken SKIP LOCKED: the relay's
+# record statement locks a batch of rows in its own order, RUNNING ones too, so waiting for
+# several here could deadlock with it (docs/decisions.md "Envelope runs"); a member passed by
+# is returned as such and the caller completes it on its own.
 _SUCCEED_AND_CLOSE = f"""
     WITH c AS (
         SELECT * FROM unnest(%(occurrences)s::uuid[], %(at)s::timestamptz[], %(nos)s::int[],
                              %(finished)s::timestamptz[], %(ids)s::uuid[], %(tokens)s::uuid[])
             AS c(occurrence_id, scheduled_for, attempt_no, finished_at, attempt_id, lease_token)
+    ), held AS MATERIALIZED (
+        SELECT a.id FROM {ATTEMPT_ROW_TABLE} a
+          JOIN c ON a.id = c.attempt_id AND a.scheduled_for = c.scheduled_for
+                AND a.lease_token = c.lease_token
+         WHERE a.finished_at IS NULL
+      ORDER BY a.id
+           FOR UPDATE OF a
     ), free AS (
         SELECT o.id, o.scheduled_for FROM {OCCURRENCE_ROW_TABLE} o
           JOIN c ON o.id = c.occurrence_id AND o.scheduled_for = c.scheduled_for
-         WHERE o.state = %(running)s AND o.attempt_count = c.attempt_no
+          JOIN held h ON h.id = c.attempt_id
+         WHERE (SELECT count(*) FROM held) >= 0
+           AND o.state = %(running)s AND o.attempt_count = c.attempt_no
            FOR UPDATE OF o SKIP LOCKED
     ), succeeded AS (
         UPDATE {OCCURRENCE_ROW_TABLE} o SET state = %(succeeded)s, finished_at = c.finished_at
@@ -150,7 +151,7 @@ _SUCCEED_AND_CLOSE = f"""
     )
     SELECT attempt_id, true FROM succeeded
     UNION ALL
-    SELECT c.attempt_id, false FROM c
+    SELECT c.attempt_id, false FROM c JOIN held h ON h.id = c.attempt_id
      WHERE NOT EXISTS (SELECT 1 FROM free f
                         WHERE f.id = c.occurrence_id AND f.scheduled_for = c.scheduled_for)
        AND EXISTS (SELECT 1 FROM {OCCURRENCE_ROW_TABLE} o
@@ -182,12 +183,8 @@ def completions_record(batch: list[Completion]) -> Recorded:
         else on_partitioned_tables
     )
     with transaction.atomic(), connection.cursor() as cursor:
-        held = {r[0] for r in execute_prepared(cursor, name(_LOCK_HELD), _arrays(batch))}
-        members = [c for c in batch if c.attempt_id in held]
-        if not members:
-            return Recorded(set(), set())
         found = execute_prepared(cursor, name(_SUCCEED_AND_CLOSE), {
-            **_arrays(members), "succeeded": Occurrence.State.SUCCEEDED,
+            **_arrays(batch), "succeeded": Occurrence.State.SUCCEEDED,
             "running": Occurrence.State.RUNNING, "outcome": Attempt.Outcome.SUCCEEDED,
         }).fetchall()  # fmt: skip
     return Recorded({a for a, done in found if done}, {a for a, done in found if not done})

@@ -18,8 +18,9 @@ Lock story — one transaction, locks in the order of locks.py (rows → tenant)
 a. wait for the first item's row (FOR UPDATE): a worker often receives an envelope before
    the relay committed its record of the rows, and the relay records them together;
 b. lock the other runnable rows SKIP LOCKED (waiting for several rows in turn could
-   deadlock with the relay's record statement, which locks a batch in its own order);
-c. take the tenant lock and, while the tenant holds fewer slots than its bound, open every
+   deadlock with the relay's record statement, which locks a batch in its own order), and
+   take the tenant lock once two are held (a, b and the lock are one statement);
+c. while the tenant holds fewer slots than its bound, open every
    chosen item's attempt (own lease token, the same expiry) and move them to RUNNING in one
    statement. A run holds one slot, so slots are counted as distinct worker ids (claim.py).
 The transaction commits before any handler runs; from then on each attempt's lease is its
@@ -58,7 +59,7 @@ from apps.occurrences.execution.complete_batch import (
     batchable,
     completions_record,
 )
-from apps.occurrences.execution.locks import tenant_lock
+from apps.occurrences.execution.locks import tenant_lock, tenant_lock_sql
 from apps.occurrences.execution.presence import tenant_slot_limit
 from apps.occurrences.execution.run import completion_record, handler_run
 from apps.occurrences.execution.run_times import handler_times
@@ -86,26 +87,30 @@ class EnvelopeRun:
     rest: list[dict[str, Any]] = field(default_factory=list)
 
 
-# Step a.
-_WAIT_FIRST = f"""
-    SELECT 1 FROM {OCCURRENCE_ROW_TABLE}
-    WHERE id = %(id)s AND scheduled_for = %(at)s FOR UPDATE
-"""
-
-# Step b: the envelope's rows a run may take (module docstring), busy ones passed by.
-_LOCK_RUNNABLE = f"""
-    SELECT o.id, o.scheduled_for, {CLAIM_ROW_COLUMNS}, false
-    FROM {OCCURRENCE_ROW_TABLE} o
-    JOIN unnest(%(ids)s::uuid[], %(ats)s::timestamptz[]) AS k(id, at)
-      ON o.id = k.id AND o.scheduled_for = k.at
-    JOIN schedules_schedule s ON s.id = o.schedule_id
-    JOIN tenants_tenant t ON t.id = o.tenant_id
-    WHERE o.state IN (%(scheduled)s, %(enqueued)s) AND o.attempt_count = 0
-      AND o.origin = %(origin_scheduled)s AND o.cancel_requested_at IS NULL
-      AND o.lane <> %(catchup)s AND s.overlap_policy = %(allow)s
-      AND s.state <> %(canceled)s AND s.dead_streak = 0
-      AND %(now)s - o.available_at <= make_interval(secs => s.max_lateness_s)
-    FOR UPDATE OF o SKIP LOCKED
+# Steps a and b, then the tenant lock, in one statement: `first` is read whole before the
+# other rows are taken (a count of it is in their condition), and the tenant lock is taken
+# once two runnable rows are locked (its subquery reads the second), before the rest are
+# taken SKIP LOCKED, so nothing waits while it is held.
+_LOCK_RUN = f"""
+    WITH first AS MATERIALIZED (
+        SELECT 1 FROM {OCCURRENCE_ROW_TABLE}
+        WHERE id = %(first)s AND scheduled_for = %(first_at)s FOR UPDATE
+    ), r AS MATERIALIZED (
+        SELECT o.id, o.scheduled_for, {CLAIM_ROW_COLUMNS}
+        FROM {OCCURRENCE_ROW_TABLE} o
+        JOIN unnest(%(ids)s::uuid[], %(ats)s::timestamptz[]) AS k(id, at)
+          ON o.id = k.id AND o.scheduled_for = k.at
+        JOIN schedules_schedule s ON s.id = o.schedule_id
+        JOIN tenants_tenant t ON t.id = o.tenant_id
+        WHERE (SELECT count(*) FROM first) >= 0
+          AND o.state IN (%(scheduled)s, %(enqueued)s) AND o.attempt_count = 0
+          AND o.origin = %(origin_scheduled)s AND o.cancel_requested_at IS NULL
+          AND o.lane <> %(catchup)s AND s.overlap_policy = %(allow)s
+          AND s.state <> %(canceled)s AND s.dead_streak = 0
+          AND %(now)s - o.available_at <= make_interval(secs => s.max_lateness_s)
+        FOR UPDATE OF o SKIP LOCKED
+    )
+    SELECT r.*, (SELECT {tenant_lock_sql("x.tenant_id")} FROM r x OFFSET 1 LIMIT 1) FROM r
 """
 
 # Step c, after the tenant lock: the tenant's slots and, under `below`, every attempt of the
@@ -185,20 +190,23 @@ def _same_day_keys(items: Sequence[dict[str, Any]]) -> list[Key]:
 
 
 def _lock_runnable(cursor: CursorWrapper, keys: list[Key], now: datetime) -> list[ClaimRow]:
-    """Steps a and b: the runnable rows, locked, in envelope order."""
+    """Steps a and b (and the tenant lock, `_LOCK_RUN`): the runnable rows of the first
+    one's tenant, locked, in envelope order."""
     first_id, first_at = keys[0]
-    execute_prepared(
-        cursor, on_row_partitions(_WAIT_FIRST, first_at, now), {"id": first_id, "at": first_at}
-    ).fetchall()
-    found = execute_prepared(cursor, on_row_partitions(_LOCK_RUNNABLE, first_at, now), {
+    found = execute_prepared(cursor, on_row_partitions(_LOCK_RUN, first_at, now), {
+        "first": first_id, "first_at": first_at,
         "ids": [k[0] for k in keys], "ats": [k[1] for k in keys], "now": now,
         "scheduled": Occurrence.State.SCHEDULED, "enqueued": Occurrence.State.ENQUEUED,
         "origin_scheduled": Occurrence.Origin.SCHEDULED, "catchup": Lane.CATCHUP,
         "allow": Schedule.OverlapPolicy.ALLOW, "canceled": Schedule.State.CANCELED,
     }).fetchall()  # fmt: skip
-    rows = {r[0]: ClaimRow(*r) for r in found}
-    tenant = rows[first_id].tenant_id if first_id in rows else None
-    return [rows[k[0]] for k in keys if k[0] in rows and rows[k[0]].tenant_id == tenant]
+    # The lock was taken on one row's tenant: it is this run's when the envelope holds one
+    # tenant, as the relay builds them.
+    locked = len({r[5] for r in found}) == 1
+    rows = {r[0]: ClaimRow(*[*r[:-1], locked and bool(r[-1])]) for r in found}
+    ordered = [rows[k[0]] for k in keys if k[0] in rows]
+    tenant = ordered[0].tenant_id if ordered else None
+    return [row for row in ordered if row.tenant_id == tenant]
 
 
 def _within_budget(rows: list[ClaimRow], budget_s: float) -> list[ClaimRow]:
@@ -222,7 +230,8 @@ def _open_run(
     the tenant holds its bound of slots."""
     first = rows[0]
     share = tenant_slot_limit()  # cached per process: read before the lock, not under it
-    tenant_lock(cursor, first.tenant_id)
+    if not first.tenant_locked:
+        tenant_lock(cursor, first.tenant_id)
     keys = {row.occurrence_id: (uuid.uuid4(), uuid.uuid4()) for row in rows}
     found = execute_prepared(cursor, on_row_partitions(_OPEN_RUN, first.scheduled_for, now), {
         "tenant": first.tenant_id, "ids": [r.occurrence_id for r in rows],

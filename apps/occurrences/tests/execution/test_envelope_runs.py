@@ -6,6 +6,7 @@ failure) goes the one-item way; a slot lost mid-run leaves its items to the reap
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import datetime, timedelta
@@ -16,9 +17,11 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from apps.occurrences.execution import envelope_run
 from apps.occurrences.execution.claim import ClaimStatus, occurrence_claim
 from apps.occurrences.execution.envelope_run import envelope_run_claim, envelope_run_execute
 from apps.occurrences.execution.reaper import attempts_reap
+from apps.occurrences.execution.run import completion_record
 from apps.occurrences.execution.run_times import handler_times
 from apps.occurrences.models import Attempt, DispatchOutbox, Occurrence
 from apps.occurrences.pipeline.materializer import materialize_pass
@@ -192,3 +195,48 @@ def test_a_row_another_transaction_holds_is_passed_by_and_fans_out(tenant_a):
 
     assert run.rest == [busy]
     assert len(run.claims) == 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_success_whose_row_is_busy_is_written_on_its_own_once_free(tenant_a, monkeypatch):
+    items = _envelope(tenant_a, 3)
+    run = envelope_run_claim(items, worker_id="host:1")
+    busy = run.claims[1].context
+    assert busy is not None
+    on_their_own: list[str] = []
+    record_alone = completion_record
+
+    def spy(claim, error):
+        assert claim.context is not None
+        on_their_own.append(str(claim.context.occurrence_id))
+        return record_alone(claim, error)
+
+    monkeypatch.setattr(envelope_run, "completion_record", spy)
+    locked = threading.Event()
+
+    def hold() -> None:
+        # the relay recording the row just then: held for half a second
+        dsn = connection.settings_dict
+        with psycopg.connect(
+            host=dsn["HOST"], port=dsn["PORT"], dbname=dsn["NAME"], user=dsn["USER"],
+            password=dsn["PASSWORD"],
+        ) as other, other.transaction():  # fmt: skip
+            other.execute(
+                "SELECT 1 FROM occurrences_occurrence WHERE id = %s FOR UPDATE",
+                [busy.occurrence_id],
+            )
+            locked.set()
+            time.sleep(0.5)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert locked.wait(10)
+    try:
+        statuses = envelope_run_execute(run)
+    finally:
+        holder.join()
+
+    assert statuses == [Occurrence.State.SUCCEEDED] * 3
+    assert on_their_own == [str(busy.occurrence_id)]
+    assert _states() == [Occurrence.State.SUCCEEDED] * 3
+    assert not Attempt.objects.filter(finished_at__isnull=True).exists()
