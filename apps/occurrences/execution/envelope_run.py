@@ -61,7 +61,7 @@ from apps.occurrences.execution.complete_batch import (
 )
 from apps.occurrences.execution.locks import tenant_lock, tenant_lock_sql
 from apps.occurrences.execution.presence import tenant_slot_limit
-from apps.occurrences.execution.run import completion_record, handler_run
+from apps.occurrences.execution.run import completion_record, handler_run, log_ids
 from apps.occurrences.execution.run_times import handler_times
 from apps.occurrences.execution.statements import (
     ATTEMPT_ROW_TABLE,
@@ -305,6 +305,11 @@ def _record_successes(successes: dict[uuid.UUID, Claim]) -> list[str]:
         metrics.attempts_finished.labels(outcome=Attempt.Outcome.SUCCEEDED).inc(
             len(recorded.succeeded)
         )
+    for attempt_id in recorded.succeeded:
+        claim = successes[attempt_id]
+        assert claim.context is not None
+        log.info("occurrence %s attempt %s: succeeded (run of %d)", claim.context.occurrence_id,
+                 claim.context.attempt_no, len(batch), extra=log_ids(claim))  # fmt: skip
     statuses = [str(Occurrence.State.SUCCEEDED)] * len(recorded.succeeded)
     for attempt_id in recorded.passed_by:
         statuses.append(str(completion_record(successes[attempt_id], None)["status"]))

@@ -94,7 +94,7 @@ def handler_run(claim: Claim) -> BaseException | None:
         error = DeadlineExceeded(f"stopped at its {ctx.timeout_s} s run-time limit ({error!r})")
     if error is not None:
         log.warning("occurrence %s attempt %s failed: %r", ctx.occurrence_id, ctx.attempt_no,
-                    error, extra=_ids(claim))  # fmt: skip
+                    error, extra=log_ids(claim))  # fmt: skip
     return error
 
 
@@ -112,19 +112,21 @@ def _reclaim(claim: Claim) -> None:
     except Exception as exc:  # noqa: BLE001 - the slot is reclaimed even so
         # The lease is no longer renewed: the reaper takes the attempt back when it expires.
         log.error("occurrence %s attempt %s: TIMED_OUT not recorded (%r)", ctx.occurrence_id,
-                  ctx.attempt_no, exc, extra=_ids(claim))  # fmt: skip
+                  ctx.attempt_no, exc, extra=log_ids(claim))  # fmt: skip
         state = None
     if in_pool_process():
         log.error("occurrence %s attempt %s: handler stuck past its limit (%s); replacing "
                   "this pool process", ctx.occurrence_id, ctx.attempt_no, state or "stale",
-                  extra=_ids(claim))  # fmt: skip
+                  extra=log_ids(claim))  # fmt: skip
         end_pool_process()
     log.error("occurrence %s attempt %s: handler stuck past its limit (%s); outside a prefork "
               "pool its thread cannot be stopped and keeps this slot until it returns",
-              ctx.occurrence_id, ctx.attempt_no, state or "stale", extra=_ids(claim))  # fmt: skip
+              ctx.occurrence_id, ctx.attempt_no, state or "stale",
+              extra=log_ids(claim))  # fmt: skip
 
 
-def _ids(claim: Claim) -> dict[str, str]:
+def log_ids(claim: Claim) -> dict[str, str]:
+    """The ids a log line about this claim's run carries."""
     ctx = claim.context
     assert ctx is not None
     return logs.ids(tenant_id=ctx.tenant_id, schedule_id=ctx.schedule_id,
@@ -140,7 +142,7 @@ def completion_record(claim: Claim, error: BaseException | None) -> dict[str, An
     if in_pool_process() and groupable(claim, error):
         complete_batch.group.add(Completion.of(claim, timezone.now()))
         log.info("occurrence %s attempt %s: succeeded (group commit)", ctx.occurrence_id,
-                 ctx.attempt_no, extra=_ids(claim))  # fmt: skip
+                 ctx.attempt_no, extra=log_ids(claim))  # fmt: skip
         return {
             "status": str(Occurrence.State.SUCCEEDED),
             "attempt_no": ctx.attempt_no,
@@ -162,5 +164,5 @@ def completion_record(claim: Claim, error: BaseException | None) -> dict[str, An
         return {"status": "unrecorded", "attempt_no": ctx.attempt_no}
     status = "stale" if state is None else str(state)
     log.info("occurrence %s attempt %s: %s", ctx.occurrence_id, ctx.attempt_no, status,
-             extra=_ids(claim))  # fmt: skip
+             extra=log_ids(claim))  # fmt: skip
     return {"status": status, "attempt_no": ctx.attempt_no}

@@ -5,6 +5,7 @@ failure) goes the one-item way; a slot lost mid-run leaves its items to the reap
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
@@ -65,7 +66,8 @@ def _states() -> list[str]:
     return list(Occurrence.objects.order_by("schedule__name").values_list("state", flat=True))
 
 
-def test_a_short_handlers_envelope_runs_in_one_slot_with_an_attempt_each(tenant_a):
+def test_a_short_handlers_envelope_runs_in_one_slot_with_an_attempt_each(tenant_a, caplog):
+    caplog.set_level(logging.INFO, logger="apps.occurrences.execution.envelope_run")
     items = _envelope(tenant_a, 5)
 
     run = envelope_run_claim(items, worker_id="host:1")
@@ -85,6 +87,13 @@ def test_a_short_handlers_envelope_runs_in_one_slot_with_an_attempt_each(tenant_
     assert _states() == [Occurrence.State.SUCCEEDED] * 5
     assert set(Attempt.objects.values_list("outcome", flat=True)) == {Attempt.Outcome.SUCCEEDED}
     assert not Attempt.objects.filter(finished_at__isnull=True).exists()
+    # each occurrence's success is logged with its ids, as one completed on its own is
+    logged = {
+        getattr(r, "occurrence_id", None)
+        for r in caplog.records
+        if "succeeded (run of" in r.message
+    }
+    assert logged == {i["occurrence_id"] for i in items}
 
 
 def test_a_runs_claim_costs_the_same_statements_for_3_and_12_items(tenant_a, tenant_b):
