@@ -94,7 +94,7 @@ class EnvelopeRun:
 _LOCK_RUN = f"""
     WITH first AS MATERIALIZED (
         SELECT 1 FROM {OCCURRENCE_ROW_TABLE}
-        WHERE id = %(first)s AND scheduled_for = %(first_at)s FOR UPDATE
+        WHERE id = %(first_id)s AND scheduled_for = %(first_at)s FOR UPDATE
     ), r AS MATERIALIZED (
         SELECT o.id, o.scheduled_for, {CLAIM_ROW_COLUMNS}
         FROM {OCCURRENCE_ROW_TABLE} o
@@ -105,7 +105,7 @@ _LOCK_RUN = f"""
         WHERE (SELECT count(*) FROM first) >= 0
           AND o.state IN (%(scheduled)s, %(enqueued)s) AND o.attempt_count = 0
           AND o.origin = %(origin_scheduled)s AND o.cancel_requested_at IS NULL
-          AND o.lane <> %(catchup)s AND s.overlap_policy = %(allow)s
+          AND o.lane <> %(catchup_lane)s AND s.overlap_policy = %(allow)s
           AND s.state <> %(canceled)s AND s.dead_streak = 0
           AND %(now)s - o.available_at <= make_interval(secs => s.max_lateness_s)
         FOR UPDATE OF o SKIP LOCKED
@@ -194,10 +194,10 @@ def _lock_runnable(cursor: CursorWrapper, keys: list[Key], now: datetime) -> lis
     one's tenant, locked, in envelope order."""
     first_id, first_at = keys[0]
     found = execute_prepared(cursor, on_row_partitions(_LOCK_RUN, first_at, now), {
-        "first": first_id, "first_at": first_at,
+        "first_id": first_id, "first_at": first_at,
         "ids": [k[0] for k in keys], "ats": [k[1] for k in keys], "now": now,
         "scheduled": Occurrence.State.SCHEDULED, "enqueued": Occurrence.State.ENQUEUED,
-        "origin_scheduled": Occurrence.Origin.SCHEDULED, "catchup": Lane.CATCHUP,
+        "origin_scheduled": Occurrence.Origin.SCHEDULED, "catchup_lane": Lane.CATCHUP,
         "allow": Schedule.OverlapPolicy.ALLOW, "canceled": Schedule.State.CANCELED,
     }).fetchall()  # fmt: skip
     # The lock was taken on one row's tenant: it is this run's when the envelope holds one
