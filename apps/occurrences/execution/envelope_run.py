@@ -61,7 +61,12 @@ from apps.occurrences.execution.complete_batch import (
 )
 from apps.occurrences.execution.locks import tenant_lock, tenant_lock_sql
 from apps.occurrences.execution.presence import tenant_slot_limit
-from apps.occurrences.execution.run import completion_record, handler_run, log_ids
+from apps.occurrences.execution.run import (
+    completion_record,
+    handler_run,
+    log_ids,
+    through_worker_outages,
+)
 from apps.occurrences.execution.run_times import handler_times
 from apps.occurrences.execution.statements import (
     ATTEMPT_ROW_TABLE,
@@ -71,7 +76,7 @@ from apps.occurrences.execution.statements import (
 )
 from apps.occurrences.models import Attempt, Lane, Occurrence
 from apps.occurrences.observability import metrics
-from apps.occurrences.pipeline.outages import call_through_outages, outage_of
+from apps.occurrences.pipeline.outages import outage_of
 from apps.schedules.models import Schedule
 
 log = logging.getLogger(__name__)
@@ -289,11 +294,8 @@ def _record_successes(successes: dict[uuid.UUID, Claim]) -> list[str]:
     finished_at = timezone.now()
     batch = [Completion.of(claim, finished_at) for claim in successes.values()]
     try:
-        recorded = call_through_outages(
-            lambda: completions_record(batch),
-            who=f"completion of a run of {len(batch)}",
-            role="worker",
-            give_up_after_s=settings.TICK_WORKER_OUTAGE_RETRY_S,
+        recorded = through_worker_outages(
+            lambda: completions_record(batch), who=f"completion of a run of {len(batch)}"
         )
     except Exception as exc:
         if outage_of(exc) is None:

@@ -24,8 +24,9 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from django.conf import settings
 from django.utils import timezone
@@ -49,18 +50,26 @@ from apps.occurrences.pipeline.outages import call_through_outages, outage_of
 
 log = logging.getLogger(__name__)
 
+_T = TypeVar("_T")
+
+
+def through_worker_outages(call: Callable[[], _T], *, who: str) -> _T:
+    """`call`, retried through a database outage for `TICK_WORKER_OUTAGE_RETRY_S` (module
+    docstring); past that the outage error propagates."""
+    return call_through_outages(
+        call, who=who, role="worker", give_up_after_s=settings.TICK_WORKER_OUTAGE_RETRY_S
+    )
+
 
 def occurrence_execute(
     *, occurrence_id: uuid.UUID, scheduled_for: datetime, worker_id: str
 ) -> dict[str, Any]:
     """Claim, run the schedule's handler, complete. Returns a summary for logs and tests."""
-    claim = call_through_outages(
+    claim = through_worker_outages(
         lambda: occurrence_claim(
             occurrence_id=occurrence_id, scheduled_for=scheduled_for, worker_id=worker_id
         ),
         who=f"claim {occurrence_id}",
-        role="worker",
-        give_up_after_s=settings.TICK_WORKER_OUTAGE_RETRY_S,
     )
     if claim.status != ClaimStatus.CLAIMED or claim.context is None:
         log.info("occurrence %s not run: %s", occurrence_id, claim.status.value,
@@ -149,11 +158,9 @@ def completion_record(claim: Claim, error: BaseException | None) -> dict[str, An
             "grouped": True,
         }
     try:
-        state = call_through_outages(
+        state = through_worker_outages(
             lambda: attempt_complete(claim=claim, error=error),
             who=f"completion of {ctx.occurrence_id}",
-            role="worker",
-            give_up_after_s=settings.TICK_WORKER_OUTAGE_RETRY_S,
         )
     except Exception as exc:
         if outage_of(exc) is None:
