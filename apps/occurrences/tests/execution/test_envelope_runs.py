@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 
 import psycopg
@@ -60,6 +60,35 @@ def _envelope(tenant, count: int, **schedule_fields) -> list[dict[str, str]]:
             tenant=tenant, state=Occurrence.State.SCHEDULED
         ).order_by("schedule__name")
     ]
+
+
+@contextmanager
+def _row_held(occurrence_id: object, *, for_s: float | None = None) -> Iterator[None]:
+    """Another connection holds the occurrence's row (FOR UPDATE), as the relay's record
+    statement does: for the `with` block, or for `for_s` seconds from its start."""
+    locked, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        dsn = connection.settings_dict
+        with psycopg.connect(
+            host=dsn["HOST"], port=dsn["PORT"], dbname=dsn["NAME"], user=dsn["USER"],
+            password=dsn["PASSWORD"],
+        ) as other, other.transaction():  # fmt: skip
+            other.execute(
+                "SELECT 1 FROM occurrences_occurrence WHERE id = %s FOR UPDATE", [occurrence_id]
+            )
+            locked.set()
+            release.wait(for_s if for_s is not None else 10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert locked.wait(10)
+        yield
+    finally:
+        if for_s is None:
+            release.set()
+        holder.join()
 
 
 def _states() -> list[str]:
@@ -178,29 +207,8 @@ def test_a_slot_lost_mid_run_leaves_every_item_to_the_reaper_under_its_own_id(te
 def test_a_row_another_transaction_holds_is_passed_by_and_fans_out(tenant_a):
     items = _envelope(tenant_a, 4)
     busy = items[2]
-    locked, release = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        dsn = connection.settings_dict
-        with psycopg.connect(
-            host=dsn["HOST"], port=dsn["PORT"], dbname=dsn["NAME"], user=dsn["USER"],
-            password=dsn["PASSWORD"],
-        ) as other, other.transaction():  # fmt: skip
-            other.execute(
-                "SELECT 1 FROM occurrences_occurrence WHERE id = %s FOR UPDATE",
-                [busy["occurrence_id"]],
-            )
-            locked.set()
-            release.wait(10)
-
-    holder = threading.Thread(target=hold)
-    holder.start()
-    try:
-        assert locked.wait(10)
+    with _row_held(busy["occurrence_id"]):
         run = envelope_run_claim(items, worker_id="host:1")
-    finally:
-        release.set()
-        holder.join()
 
     assert run.rest == [busy]
     assert len(run.claims) == 3
@@ -221,29 +229,9 @@ def test_a_success_whose_row_is_busy_is_written_on_its_own_once_free(tenant_a, m
         return record_alone(claim, error)
 
     monkeypatch.setattr(envelope_run, "completion_record", spy)
-    locked = threading.Event()
-
-    def hold() -> None:
-        # the relay recording the row just then: held for half a second
-        dsn = connection.settings_dict
-        with psycopg.connect(
-            host=dsn["HOST"], port=dsn["PORT"], dbname=dsn["NAME"], user=dsn["USER"],
-            password=dsn["PASSWORD"],
-        ) as other, other.transaction():  # fmt: skip
-            other.execute(
-                "SELECT 1 FROM occurrences_occurrence WHERE id = %s FOR UPDATE",
-                [busy.occurrence_id],
-            )
-            locked.set()
-            time.sleep(0.5)
-
-    holder = threading.Thread(target=hold)
-    holder.start()
-    assert locked.wait(10)
-    try:
+    # the relay recording the row just then: held for half a second
+    with _row_held(busy.occurrence_id, for_s=0.5):
         statuses = envelope_run_execute(run)
-    finally:
-        holder.join()
 
     assert statuses == [Occurrence.State.SUCCEEDED] * 3
     assert on_their_own == [str(busy.occurrence_id)]
