@@ -42,7 +42,7 @@ from apps.occurrences.execution.statements import (
     OCCURRENCE_ROW_TABLE,
     on_row_partitions,
 )
-from apps.occurrences.models import Attempt, Lane, Occurrence
+from apps.occurrences.models import Attempt, Lane, Occurrence, attempt_open_by_key
 from apps.occurrences.pipeline.partitions import partitions_ensure
 from apps.schedules.models import Schedule
 
@@ -103,9 +103,9 @@ _CLAIM_ATTEMPT = """
          lease_expires_at, worker_id, started_at, outcome, error_class, error_message)
     VALUES (%s, %s, %s, %s, 1, %s, now() + interval '5 minutes', 'floor', now(), '', '', '')
 """
-_COMPLETE_ATTEMPT = """
+_COMPLETE_ATTEMPT = f"""
     UPDATE occurrences_attempt SET finished_at = now(), outcome = %s
-     WHERE id = %s AND scheduled_for = %s AND lease_token = %s AND finished_at IS NULL
+     WHERE id = %s AND scheduled_for = %s AND lease_token = %s AND {attempt_open_by_key()}
 """
 _COMPLETE_OCCURRENCE = """
     UPDATE occurrences_occurrence SET state = %s, finished_at = now()
@@ -141,7 +141,7 @@ _COMPLETE_BATCH = f"""
     ), att AS (
         UPDATE {ATTEMPT_ROW_TABLE} a SET finished_at = now(), outcome = %(succeeded)s
           FROM r WHERE a.id = r.attempt_id AND a.scheduled_for = r.at AND a.lease_token = r.token
-           AND a.finished_at IS NULL
+           AND {attempt_open_by_key("a")}
         RETURNING a.occurrence_id, a.scheduled_for
     )
     UPDATE {OCCURRENCE_ROW_TABLE} o SET state = %(succeeded_state)s, finished_at = now()

@@ -57,7 +57,7 @@ from apps.occurrences.execution.statements import (
     execute_prepared,
     on_row_partitions,
 )
-from apps.occurrences.models import Attempt, Occurrence
+from apps.occurrences.models import Attempt, Occurrence, attempt_open_by_key
 from apps.occurrences.observability import metrics
 from apps.schedules.models import Schedule
 
@@ -171,9 +171,9 @@ def _lock_leased_attempt(cursor: CursorWrapper, claim: Claim) -> bool:
     """Step a: lock the attempt row if it still holds the lease; False = stale."""
     assert claim.context is not None
     cursor.execute(
-        """
+        f"""
         SELECT 1 FROM occurrences_attempt
-        WHERE id = %s AND scheduled_for = %s AND lease_token = %s AND finished_at IS NULL
+        WHERE id = %s AND scheduled_for = %s AND lease_token = %s AND {attempt_open_by_key()}
         FOR UPDATE
         """,
         [claim.attempt_id, claim.context.scheduled_for, claim.lease_token],
@@ -230,7 +230,7 @@ _RECORD_HELD = f"""
     WITH held AS MATERIALIZED (
         SELECT 1 FROM {ATTEMPT_ROW_TABLE}
         WHERE id = %(attempt)s AND scheduled_for = %(at)s AND lease_token = %(token)s
-          AND finished_at IS NULL
+          AND {attempt_open_by_key()}
         FOR UPDATE
     ), occurrence AS (
         UPDATE {OCCURRENCE_ROW_TABLE} SET state = %(state)s, finished_at = %(finished_at)s
@@ -242,7 +242,7 @@ _RECORD_HELD = f"""
         SET finished_at = %(now)s, outcome = %(outcome)s, error_class = %(error_class)s,
             error_message = %(error_message)s
         WHERE id = %(attempt)s AND scheduled_for = %(at)s AND lease_token = %(token)s
-          AND finished_at IS NULL AND EXISTS (SELECT 1 FROM occurrence)
+          AND {attempt_open_by_key()} AND EXISTS (SELECT 1 FROM occurrence)
         RETURNING 1
     )
     SELECT EXISTS (SELECT 1 FROM attempt)
@@ -282,10 +282,10 @@ def _record(cursor: CursorWrapper, *, claim: Claim, decision: _Decision, now: da
     if cursor.rowcount != 1:
         return False
     cursor.execute(
-        """
+        f"""
         UPDATE occurrences_attempt
         SET finished_at = %s, outcome = %s, error_class = %s, error_message = %s
-        WHERE id = %s AND scheduled_for = %s AND lease_token = %s AND finished_at IS NULL
+        WHERE id = %s AND scheduled_for = %s AND lease_token = %s AND {attempt_open_by_key()}
         """,
         [now, decision.outcome, decision.error_class, decision.error_message, claim.attempt_id,
          ctx.scheduled_for, claim.lease_token],

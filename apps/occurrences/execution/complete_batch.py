@@ -54,7 +54,7 @@ from apps.occurrences.execution.statements import (
     on_partitioned_tables,
     on_row_partitions,
 )
-from apps.occurrences.models import Attempt, Occurrence
+from apps.occurrences.models import Attempt, Occurrence, attempt_open_by_key
 from apps.occurrences.observability import metrics
 from apps.occurrences.pipeline.outages import drop_database_connection, outage_of
 from apps.schedules.models import Schedule
@@ -126,7 +126,7 @@ _SUCCEED_AND_CLOSE = f"""
         SELECT a.id FROM {ATTEMPT_ROW_TABLE} a
           JOIN c ON a.id = c.attempt_id AND a.scheduled_for = c.scheduled_for
                 AND a.lease_token = c.lease_token
-         WHERE a.finished_at IS NULL
+         WHERE {attempt_open_by_key("a")}
       ORDER BY a.id
            FOR UPDATE OF a
     ), free AS (
@@ -147,7 +147,7 @@ _SUCCEED_AND_CLOSE = f"""
                error_message = ''
           FROM c JOIN succeeded s ON s.attempt_id = c.attempt_id
          WHERE a.id = c.attempt_id AND a.scheduled_for = c.scheduled_for
-           AND a.lease_token = c.lease_token AND a.finished_at IS NULL
+           AND a.lease_token = c.lease_token AND {attempt_open_by_key("a")}
     )
     SELECT attempt_id, true FROM succeeded
     UNION ALL

@@ -74,7 +74,7 @@ from apps.occurrences.execution.statements import (
     execute_prepared,
     on_row_partitions,
 )
-from apps.occurrences.models import Attempt, Lane, Occurrence
+from apps.occurrences.models import Attempt, Lane, Occurrence, attempt_open_by_key
 from apps.occurrences.observability import metrics
 from apps.occurrences.pipeline.outages import outage_of
 from apps.schedules.models import Schedule
@@ -147,7 +147,7 @@ _RENEW = f"""
     UPDATE {ATTEMPT_ROW_TABLE} a SET lease_expires_at = now() + make_interval(secs => %(lease)s)
     FROM unnest(%(ids)s::uuid[], %(ats)s::timestamptz[], %(tokens)s::uuid[]) AS c(id, at, token)
     WHERE a.id = c.id AND a.scheduled_for = c.at AND a.lease_token = c.token
-      AND a.finished_at IS NULL
+      AND {attempt_open_by_key("a")}
     RETURNING a.id
 """
 

@@ -30,6 +30,7 @@ from django.conf import settings
 from django.db import connection
 
 from apps.occurrences.execution.claim import Claim
+from apps.occurrences.models import attempt_open_by_key
 from apps.occurrences.pipeline.outages import drop_database_connection, outage_of
 from apps.schedules.models import Schedule
 
@@ -47,11 +48,11 @@ def attempt_heartbeat(*, claim: Claim) -> Beat:
     assert claim.context is not None
     with connection.cursor() as cursor:
         cursor.execute(
-            """
+            f"""
             UPDATE occurrences_attempt a
             SET lease_expires_at = now() + make_interval(secs => %s)
             WHERE a.id = %s AND a.scheduled_for = %s AND a.lease_token = %s
-              AND a.finished_at IS NULL
+              AND {attempt_open_by_key("a")}
             RETURNING (
                 SELECT o.cancel_requested_at IS NOT NULL OR s.state = %s
                 FROM occurrences_occurrence o JOIN schedules_schedule s ON s.id = o.schedule_id

@@ -23,7 +23,7 @@ from datetime import UTC, datetime, timedelta
 from django.conf import settings
 from django.db import connection, transaction
 
-from apps.occurrences.models import Lane, Occurrence
+from apps.occurrences.models import Lane, Occurrence, attempt_open_by_key
 from apps.occurrences.observability import metrics
 from apps.occurrences.pipeline.outbox import outbox_insert
 
@@ -56,7 +56,7 @@ _REDELIVER = f"""
           AND NOT EXISTS (
               SELECT 1 FROM occurrences_attempt a
               WHERE a.occurrence_id = o.id AND a.scheduled_for = o.scheduled_for
-                AND a.finished_at IS NULL
+                AND {attempt_open_by_key("a")}
           )
           AND NOT EXISTS (
               SELECT 1 FROM occurrences_dispatchoutbox x
