@@ -28,8 +28,8 @@ claim, as in claim.py: a slot that dies mid-run leaves the remaining attempts to
 the reaper re-queues each (same occurrence id). Before each item a lease older than a third
 of its length is renewed for the rest of the run, fenced by token (an item whose lease was
 lost is not run). Successes are written with `completions_record` (complete_batch.py, one
-transaction, each fenced by its lease); failures, and members whose row was busy, complete
-one by one (run.py).
+transaction, each fenced by its lease); members whose row was busy are written together once
+more after a short wait; failures, and members still busy, complete one by one (run.py).
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ from apps.occurrences.execution.claim import (
 )
 from apps.occurrences.execution.complete_batch import (
     Completion,
+    Recorded,
     batchable,
     completions_record,
 )
@@ -286,22 +287,27 @@ def _renew(claims: list[Claim]) -> set[uuid.UUID]:
     return {row[0] for row in found}
 
 
+# A member passed by had its row held by the relay's record statement (tens of milliseconds
+# for a batch, docs/performance.md "Attempts found by their key"): the run writes those
+# members together once more after this long, and only those still busy one by one.
+PASSED_BY_RETRY_S = 0.05
+
+
 def _record_successes(successes: dict[uuid.UUID, Claim]) -> list[str]:
-    """Write the run's successes in one transaction, retried through an outage; a member
-    whose row was busy completes on its own; one never written is left to its lease."""
+    """Write the run's successes in one transaction, retried through an outage; members whose
+    row was busy are written together once more after `PASSED_BY_RETRY_S`, then on their own;
+    one never written is left to its lease."""
     if not successes:
         return []
     finished_at = timezone.now()
     batch = [Completion.of(claim, finished_at) for claim in successes.values()]
-    try:
-        recorded = through_worker_outages(
-            lambda: completions_record(batch), who=f"completion of a run of {len(batch)}"
-        )
-    except Exception as exc:
-        if outage_of(exc) is None:
-            raise
-        log.error("a run of %d: completions not recorded (%r); the reaper re-queues them when "
-                  "their leases expire", len(batch), exc)  # fmt: skip
+    recorded = _recorded(batch)
+    if recorded is not None and recorded.passed_by:
+        time.sleep(PASSED_BY_RETRY_S)
+        again = _recorded([c for c in batch if c.attempt_id in recorded.passed_by])
+        if again is not None:
+            recorded = Recorded(recorded.succeeded | again.succeeded, again.passed_by)
+    if recorded is None:
         return ["unrecorded"] * len(batch)
     if recorded.succeeded:
         metrics.attempts_finished.labels(outcome=Attempt.Outcome.SUCCEEDED).inc(
@@ -321,3 +327,18 @@ def _record_successes(successes: dict[uuid.UUID, Claim]) -> list[str]:
     log.info("a run of %d: %d succeeded, %d on their own, %d stale", len(batch),
              len(recorded.succeeded), len(recorded.passed_by), stale)  # fmt: skip
     return statuses + ["stale"] * stale
+
+
+def _recorded(batch: list[Completion]) -> Recorded | None:
+    """`completions_record` retried through an outage; None when it could not be written (the
+    reaper re-queues the members when their leases expire)."""
+    try:
+        return through_worker_outages(
+            lambda: completions_record(batch), who=f"completion of a run of {len(batch)}"
+        )
+    except Exception as exc:
+        if outage_of(exc) is None:
+            raise
+        log.error("a run of %d: completions not recorded (%r); the reaper re-queues them when "
+                  "their leases expire", len(batch), exc)  # fmt: skip
+        return None

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 
@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from apps.occurrences.execution import envelope_run
 from apps.occurrences.execution.claim import ClaimStatus, occurrence_claim
+from apps.occurrences.execution.complete_batch import completions_record
 from apps.occurrences.execution.envelope_run import envelope_run_claim, envelope_run_execute
 from apps.occurrences.execution.reaper import attempts_reap
 from apps.occurrences.execution.run import completion_record
@@ -63,9 +64,10 @@ def _envelope(tenant, count: int, **schedule_fields) -> list[dict[str, str]]:
 
 
 @contextmanager
-def _row_held(occurrence_id: object, *, for_s: float | None = None) -> Iterator[None]:
+def _row_held(occurrence_id: object, *, for_s: float | None = None) -> Iterator[Callable[[], None]]:
     """Another connection holds the occurrence's row (FOR UPDATE), as the relay's record
-    statement does: for the `with` block, or for `for_s` seconds from its start."""
+    statement does: for the `with` block, or for `for_s` seconds from its start; the block
+    may let it go earlier with the function it is given."""
     locked, release = threading.Event(), threading.Event()
 
     def hold() -> None:
@@ -80,11 +82,15 @@ def _row_held(occurrence_id: object, *, for_s: float | None = None) -> Iterator[
             locked.set()
             release.wait(for_s if for_s is not None else 10)
 
+    def let_go() -> None:
+        release.set()
+        holder.join()
+
     holder = threading.Thread(target=hold)
     holder.start()
     try:
         assert locked.wait(10)
-        yield
+        yield let_go
     finally:
         if for_s is None:
             release.set()
@@ -237,3 +243,39 @@ def test_a_success_whose_row_is_busy_is_written_on_its_own_once_free(tenant_a, m
     assert on_their_own == [str(busy.occurrence_id)]
     assert _states() == [Occurrence.State.SUCCEEDED] * 3
     assert not Attempt.objects.filter(finished_at__isnull=True).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_members_busy_for_a_moment_are_written_together_once_more(tenant_a, monkeypatch):
+    # `noop` writes nothing (`record` would wait for the held rows: its effect's key)
+    for _ in range(20):
+        handler_times.record("noop", 0.001)
+    items = _envelope(tenant_a, 4, handler="noop")
+    run = envelope_run_claim(items, worker_id="host:1")
+    busy = [c.context.occurrence_id for c in run.claims[1:3] if c.context]
+    on_their_own: list[object] = []
+
+    def alone(claim, error):
+        on_their_own.append(claim)
+        return completion_record(claim, error)
+
+    monkeypatch.setattr(envelope_run, "completion_record", alone)
+    batches: list[int] = []
+
+    with _row_held(busy[0]) as let_go_first, _row_held(busy[1]) as let_go_second:
+
+        def recorded_then_relay_commits(batch):
+            batches.append(len(batch))
+            written = completions_record(batch)
+            if len(batches) == 1:  # the relay's record commits before the run tries again
+                let_go_first()
+                let_go_second()
+            return written
+
+        monkeypatch.setattr(envelope_run, "completions_record", recorded_then_relay_commits)
+        statuses = envelope_run_execute(run)
+
+    assert statuses == [Occurrence.State.SUCCEEDED] * 4
+    assert batches == [4, 2]  # the two busy members in one statement, not one by one
+    assert on_their_own == []
+    assert _states() == [Occurrence.State.SUCCEEDED] * 4
