@@ -288,7 +288,7 @@ def _renew(claims: list[Claim]) -> set[uuid.UUID]:
 
 
 # A member passed by had its row held by the relay's record statement, tens of milliseconds
-# for a batch (docs/performance.md "Attempts found by their key (runs S1–S3)"): the run
+# for a batch (docs/performance.md "Attempts found by their key (runs S1–S4)"): the run
 # writes those members together once more after this long, and those still busy one by one.
 PASSED_BY_RETRY_S = 0.05
 
