@@ -155,14 +155,35 @@ def flexible_spread_s(window_s: int) -> int:
     return max(0, window_s - min(FLEXIBLE_END_MARGIN_S, window_s // 2))
 
 
-def flexible_offset_s(occurrence_id: uuid.UUID, window_s: int) -> int:
-    """H(occurrence_id) mod the window's spread (`flexible_spread_s`), with a stable hash: the
-    same in every process, forever."""
-    spread = flexible_spread_s(window_s)
+# A flexible row's instant falls on a multiple of its step, so one tenant's rows of a step's
+# seconds travel as one envelope and run together (docs/decisions.md "Flexible rows share
+# their steps"): at most FLEXIBLE_STEP_MAX_S, and at least FLEXIBLE_STEPS_MIN steps a spread.
+FLEXIBLE_STEP_MAX_S = 5
+FLEXIBLE_STEPS_MIN = 20
+
+
+def flexible_step_s(window_s: int) -> int:
+    """Whole seconds between the instants a flexible row of `window_s` may be planned at."""
+    return max(1, min(FLEXIBLE_STEP_MAX_S, flexible_spread_s(window_s) // FLEXIBLE_STEPS_MIN))
+
+
+def flexible_available_at(
+    occurrence_id: uuid.UUID, scheduled_for: datetime, window_s: int
+) -> datetime:
+    """A flexible row's planned instant: `scheduled_for` + H(occurrence_id) mod (the spread
+    less one step), rounded up to a multiple of the step since the epoch, so it stays in
+    [scheduled_for, scheduled_for + spread). A stable hash: the same in every process,
+    forever, for the same occurrence."""
+    spread, step = flexible_spread_s(window_s), flexible_step_s(window_s)
     if spread <= 0:
-        return 0
+        return scheduled_for
     digest = hashlib.blake2b(occurrence_id.bytes, digest_size=8).digest()
-    return int.from_bytes(digest, "big") % spread
+    planned = scheduled_for + timedelta(seconds=int.from_bytes(digest, "big") % (spread - step + 1))
+    if step == 1:
+        return planned
+    step_us = step * 1_000_000
+    since_epoch_us = (planned - EPOCH) // ONE_MICROSECOND
+    return EPOCH + ONE_MICROSECOND * (-(-since_epoch_us // step_us) * step_us)
 
 
 def _fires(row: _Row, after: datetime, until: datetime, limit: int) -> list[datetime]:
@@ -504,9 +525,11 @@ class _BatchWrites:
         scheduled = Occurrence.State.SCHEDULED
         for instant, lane, state in plan.occurrences:
             occ_id = occurrence_id_for(row.id, row.version, instant)
-            available = instant
-            if lane == Lane.FLEXIBLE:
-                available += timedelta(seconds=flexible_offset_s(occ_id, row.flexible_window_s))
+            available = (
+                flexible_available_at(occ_id, instant, row.flexible_window_s)
+                if lane == Lane.FLEXIBLE
+                else instant
+            )
             cols["id"].append(str(occ_id))
             cols["at"].append(text.instant(instant))
             cols["schedule"].append(schedule_id)

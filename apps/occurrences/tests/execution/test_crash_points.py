@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 import uuid
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from itertools import pairwise
 from pathlib import Path
 
@@ -25,7 +25,7 @@ from django.utils import timezone
 
 from apps.occurrences.models import DispatchOutbox, Occurrence, ShardLease
 from apps.occurrences.pipeline.broker import Publisher
-from apps.occurrences.pipeline.materializer import flexible_offset_s, materialize_pass
+from apps.occurrences.pipeline.materializer import flexible_available_at, materialize_pass
 from apps.occurrences.pipeline.queues import all_queue_names
 from apps.occurrences.pipeline.relay import Recorder, relay_step
 from apps.occurrences.tests.support.pipeline import leases, materialize_config, relay_config
@@ -236,8 +236,9 @@ def test_flexible_jitter_is_identical_in_another_process():
     ids = [uuid.uuid5(uuid.NAMESPACE_URL, f"tick-{n}") for n in range(50)]
     code = (
         "import sys, uuid, django; django.setup(); "
-        "from apps.occurrences.pipeline.materializer import flexible_offset_s; "
-        "print([flexible_offset_s(uuid.UUID(a), 300) for a in sys.argv[1:]])"
+        "import datetime as d; from apps.occurrences.pipeline.materializer import "
+        "flexible_available_at as f; at = d.datetime(2026, 12, 2, 12, 0, tzinfo=d.UTC); "
+        "print([(f(uuid.UUID(a), at, 300) - at).total_seconds() for a in sys.argv[1:]])"
     )
     out = subprocess.run(
         [sys.executable, "-c", code, *map(str, ids)],
@@ -246,10 +247,11 @@ def test_flexible_jitter_is_identical_in_another_process():
              "PYTHONHASHSEED": "12345"},
         capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
-    here = [flexible_offset_s(i, 300) for i in ids]
+    at = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
+    here = [(flexible_available_at(i, at, 300) - at).total_seconds() for i in ids]
     assert json.loads(out) == here
     assert all(0 <= offset < 290 for offset in here)  # the window less its end margin
-    assert len(set(here)) > 30  # spread over the window, not bunched
+    assert len(set(here)) > 25  # spread over the window's 5-second steps, not bunched
 
 
 @pytest.mark.django_db(transaction=True)

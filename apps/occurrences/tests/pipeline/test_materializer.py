@@ -13,8 +13,9 @@ from apps.occurrences.models import DispatchOutbox, Lane, Occurrence, occurrence
 from apps.occurrences.pipeline.materializer import (
     FLEXIBLE_END_MARGIN_S,
     MaterializeConfig,
-    flexible_offset_s,
+    flexible_available_at,
     flexible_spread_s,
+    flexible_step_s,
     materialize_pass,
     span_cut,
 )
@@ -131,20 +132,58 @@ def test_flexible_available_at_is_stable_and_inside_the_window(tenant_a):
 
     for occ in Occurrence.objects.filter(schedule=schedule):
         assert occ.lane == Lane.FLEXIBLE
+        assert occ.available_at == flexible_available_at(occ.id, occ.scheduled_for, 300)
         offset = (occ.available_at - occ.scheduled_for).total_seconds()
-        assert offset == flexible_offset_s(occ.id, 300)
         # planned at least the end margin before the window closes: a relay a few seconds
         # behind still enqueues it inside the window
         assert 0 <= offset < 300 - FLEXIBLE_END_MARGIN_S
 
 
-@pytest.mark.parametrize(("window_s", "spread_s"), [(0, 0), (1, 1), (2, 1), (7, 4), (20, 10),
-                                                    (21, 11), (300, 290)])  # fmt: skip
-def test_a_flexible_row_is_planned_before_its_windows_end_margin(window_s, spread_s):
+def test_a_tenants_flexible_rows_of_one_minute_share_a_few_instants(tenant_a):
+    # given: 200 flexible schedules of one tenant firing at the same minute, window 300 s
+    for _ in range(200):
+        make_schedule(
+            tenant_a,
+            precision=Schedule.Precision.FLEXIBLE,
+            flexible_window_s=300,
+            next_run_at=datetime(2026, 12, 2, 12, 1, tzinfo=UTC),
+        )
+
+    # when: one pass writes their rows
+    materialize_pass(leases=leases(), now=NOW, config=materialize_config())
+
+    # then: the rows of 12:01 are planned on 5-second steps of the window's first 290 s (one
+    # envelope per step reaches a worker, not one per second), spread over most of them
+    rows = Occurrence.objects.filter(scheduled_for=datetime(2026, 12, 2, 12, 1, tzinfo=UTC))
+    offsets = [(at - datetime(2026, 12, 2, 12, 1, tzinfo=UTC)).total_seconds()
+               for at in rows.values_list("available_at", flat=True)]  # fmt: skip
+    assert len(offsets) == 200
+    assert set(offsets) <= set(range(0, 290, 5))
+    assert len(set(offsets)) > 40
+
+
+_MINUTE = datetime(2026, 12, 2, 12, 1, tzinfo=UTC)
+# (window, spread, step): short windows keep one-second steps, long ones at most five seconds
+_WINDOWS = [(0, 0, 1), (1, 1, 1), (2, 1, 1), (7, 4, 1), (20, 10, 1), (21, 11, 1), (50, 40, 2),
+            (60, 50, 2), (119, 109, 5), (300, 290, 5)]  # fmt: skip
+
+
+@pytest.mark.parametrize(("window_s", "spread_s", "step_s"), _WINDOWS)
+@pytest.mark.parametrize("scheduled_for", [_MINUTE, _MINUTE + timedelta(seconds=3.25)])
+def test_a_flexible_row_is_planned_on_a_step_before_its_windows_end_margin(
+    window_s, spread_s, step_s, scheduled_for
+):
     ids = [uuid.uuid5(uuid.NAMESPACE_URL, f"flex-{n}") for n in range(5000)]
-    offsets = {flexible_offset_s(i, window_s) for i in ids}
-    assert flexible_spread_s(window_s) == spread_s
-    assert offsets == set(range(max(1, spread_s)))  # the whole spread used, nothing past it
+    planned = {flexible_available_at(i, scheduled_for, window_s) for i in ids}
+    assert (flexible_spread_s(window_s), flexible_step_s(window_s)) == (spread_s, step_s)
+    offsets = sorted((at - scheduled_for).total_seconds() for at in planned)
+    assert 0 <= offsets[0] and offsets[-1] < max(1, spread_s)  # nothing past the spread
+    if step_s > 1:  # on the step's multiples since the epoch, every one of the spread used
+        assert all(at.timestamp() % step_s == 0 for at in planned)
+        assert {b - a for a, b in zip(offsets, offsets[1:], strict=False)} == {step_s}
+        assert offsets[0] < step_s and offsets[-1] >= spread_s - 2 * step_s
+    else:  # whole seconds after the instant, every one of the spread used
+        assert offsets == list(range(max(1, spread_s)))
 
 
 def test_day_long_outage_with_skip_records_a_bounded_number_of_missed_rows(tenant_a):
