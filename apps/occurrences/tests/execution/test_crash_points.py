@@ -251,7 +251,7 @@ def test_flexible_jitter_is_identical_in_another_process():
     here = [(flexible_available_at(i, at, 300) - at).total_seconds() for i in ids]
     assert json.loads(out) == here
     assert all(0 <= offset < 290 for offset in here)  # the window less its end margin
-    assert len(set(here)) > 25  # spread over the window's 5-second steps, not bunched
+    assert len(set(here)) > 30  # spread over the window's 5-second steps, not bunched
 
 
 @pytest.mark.django_db(transaction=True)
